@@ -1,0 +1,357 @@
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static Device *
+Device_new(int slot)
+{
+    Device *d = calloc(1, sizeof(Device));
+    if (d == NULL)
+        return NULL;
+    if (Ledger_init(&d->ledger, 1024) < 0) {
+        free(d);
+        return NULL;
+    }
+    Spinlock_init(&d->lock);
+    ScopeStack_init(&d->stack);
+    d->reports_totals = slot != ENGINE_SLOT_CPU;
+    d->reserved = d->reports_totals ? 0 : -1;
+    return d;
+}
+
+static void
+Device_free(Device *d)
+{
+    if (d == NULL)
+        return;
+    Ledger_fini(&d->ledger);
+    free(d);
+}
+
+Engine *
+Engine_new(void)
+{
+    Engine *e = calloc(1, sizeof(Engine));
+    if (e == NULL)
+        return NULL;
+    for (int i = 0; i < ENGINE_MAX_DEVICES; i++)
+        atomic_init(&e->devices[i], NULL);
+    atomic_init(&e->next_scope_id, 1);
+    atomic_init(&e->recording, 0);
+    Spinlock_init(&e->record_lock);
+    return e;
+}
+
+void
+Engine_free(Engine *self)
+{
+    if (self == NULL)
+        return;
+    for (int i = 0; i < ENGINE_MAX_DEVICES; i++)
+        Device_free(atomic_load(&self->devices[i]));
+    free(self->record);
+    free(self);
+}
+
+int
+Engine_slot(int device_type, int device_index)
+{
+    /* c10::DeviceType: CPU = 0, CUDA = 1.  Other devices are not measured. */
+    if (device_type == 0)
+        return ENGINE_SLOT_CPU;
+    if (device_type == 1 && device_index >= 0
+        && device_index < ENGINE_MAX_DEVICES - 1)
+        return 1 + device_index;
+    return -1;
+}
+
+/* A block we still hold came back from the allocator: its free happened on a
+ * thread we do not hear from.  Retire it so the figures stay consistent. */
+static void
+Device_retire(Device *d, Block *b)
+{
+    if (!d->reports_totals)
+        d->total -= b->size;
+    ScopeStack_on_resize(&d->stack, b->floor, b->scope, -b->size, 1, d->total,
+                         d->seq);
+    d->missed_frees++;
+}
+
+static void
+Device_alloc(Device *d, uintptr_t addr, int64_t size, int source)
+{
+    Scope *top = ScopeStack_top(&d->stack);
+    if (top == NULL)
+        return;
+    int created;
+    Block *b = Ledger_insert(&d->ledger, addr, &created);
+    if (b == NULL) {
+        d->dropped++;
+        d->error = ENGINE_ENOMEM;
+        return;
+    }
+    if (!created) {
+        if (source == EVENT_TRACE)
+            return;     /* the report of this allocation came first */
+        if (b->flags & BLOCK_ESTIMATED) {
+            /* The tracker saw it first and guessed; the report is exact. */
+            int64_t delta = size - b->size;
+            b->size = size;
+            b->flags &= ~BLOCK_ESTIMATED;
+            ScopeStack_on_resize(&d->stack, b->floor, b->scope, delta, 0,
+                                 d->total, d->seq);
+            return;
+        }
+        Device_retire(d, b);
+    }
+    b->size = size;
+    b->scope = top->id;
+    b->floor = d->stack.floor;
+    b->site = 0;
+    b->flags = source == EVENT_TRACE ? BLOCK_ESTIMATED : 0;
+    if (!d->reports_totals || source == EVENT_TRACE)
+        d->total += size;
+    ScopeStack_on_alloc(&d->stack, size, d->total, d->seq);
+}
+
+static void
+Device_release(Device *d, uintptr_t addr, int source)
+{
+    Block old;
+    if (d->ledger.count == 0 || !Ledger_remove(&d->ledger, addr, &old))
+        return;
+    if (!d->reports_totals || source == EVENT_TRACE)
+        d->total -= old.size;
+    ScopeStack_on_resize(&d->stack, old.floor, old.scope, -old.size, 1,
+                         d->total, d->seq);
+}
+
+static void
+Engine_record_event(Engine *self, int slot, uintptr_t addr, int64_t size,
+                    int64_t total, int64_t reserved, int source)
+{
+    Spinlock_acquire(&self->record_lock);
+    if (self->record != NULL && self->record_len < self->record_cap) {
+        Event *ev = &self->record[self->record_len++];
+        ev->addr = addr;
+        ev->size = size;
+        ev->total = total;
+        ev->reserved = reserved;
+        ev->slot = slot;
+        ev->source = source;
+    }
+    Spinlock_release(&self->record_lock);
+}
+
+void
+Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
+             int64_t total, int64_t reserved, int source)
+{
+    if (slot < 0 || slot >= ENGINE_MAX_DEVICES)
+        return;
+    Device *d = atomic_load_explicit(&self->devices[slot],
+                                     memory_order_acquire);
+    if (d == NULL)
+        return;
+    if (atomic_load_explicit(&self->recording, memory_order_relaxed))
+        Engine_record_event(self, slot, addr, size, total, reserved, source);
+    Spinlock_acquire(&d->lock);
+    d->seq++;
+    d->events++;
+    if (d->reports_totals && source == EVENT_REPORT) {
+        d->total = total;
+        d->reserved = reserved;
+    }
+    if (size > 0)
+        Device_alloc(d, addr, size, source);
+    else
+        Device_release(d, addr, source);
+    if (d->stack.depth > 0)
+        ScopeStack_on_totals(&d->stack, d->total, d->reserved);
+    Spinlock_release(&d->lock);
+}
+
+void
+Engine_sink(void *ctx, int device_type, int device_index, void *ptr,
+            int64_t size, uint64_t total, uint64_t reserved, int source)
+{
+    Engine_event((Engine *)ctx, Engine_slot(device_type, device_index),
+                 (uintptr_t)ptr, size, (int64_t)total, (int64_t)reserved,
+                 source);
+}
+
+static Device *
+Engine_device(Engine *self, int slot, int create)
+{
+    if (slot < 0 || slot >= ENGINE_MAX_DEVICES)
+        return NULL;
+    Device *d = atomic_load(&self->devices[slot]);
+    if (d != NULL || !create)
+        return d;
+    /* Devices are created from the API thread only (under the GIL), so no
+     * two threads race to create the same slot. */
+    d = Device_new(slot);
+    if (d != NULL)
+        atomic_store(&self->devices[slot], d);
+    return d;
+}
+
+int
+Engine_begin(Engine *self, int slot, int detached, int64_t total,
+             int64_t reserved, uint32_t *id)
+{
+    Device *d = Engine_device(self, slot, 1);
+    if (d == NULL)
+        return -1;
+    int ret = -1;
+    Spinlock_acquire(&d->lock);
+    if (d->reports_totals) {
+        if (total >= 0)
+            d->total = total;
+        if (reserved >= 0)
+            d->reserved = reserved;
+    }
+    *id = atomic_fetch_add(&self->next_scope_id, 1);
+    if (ScopeStack_push(&d->stack, *id, detached, d->total, d->reserved) < 0)
+        goto error;
+    ret = 0;
+error:
+    Spinlock_release(&d->lock);
+    return ret;
+}
+
+int
+Engine_end(Engine *self, int slot, uint32_t id, Scope *out)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return -1;
+    int ret = -1;
+    Spinlock_acquire(&d->lock);
+    if (ScopeStack_pop(&d->stack, id, out) < 0)
+        goto error;
+    if (d->stack.depth == 0) {
+        /* Nothing is measured any more: blocks still held cannot be
+         * followed reliably (CPU reporting stops), so forget them. */
+        Ledger_clear(&d->ledger);
+        if (!d->reports_totals)
+            d->total = 0;
+    }
+    ret = 0;
+error:
+    Spinlock_release(&d->lock);
+    return ret;
+}
+
+int
+Engine_stats(Engine *self, int slot, uint32_t id, Scope *out)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return -1;
+    int ret = -1;
+    Spinlock_acquire(&d->lock);
+    Scope *s = ScopeStack_find(&d->stack, id);
+    if (s == NULL)
+        goto error;
+    *out = *s;
+    ret = 0;
+error:
+    Spinlock_release(&d->lock);
+    return ret;
+}
+
+int
+Engine_totals(Engine *self, int slot, int64_t *total, int64_t *reserved)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return -1;
+    Spinlock_acquire(&d->lock);
+    *total = d->total;
+    *reserved = d->reserved;
+    Spinlock_release(&d->lock);
+    return 0;
+}
+
+long
+Engine_blocks(Engine *self, int slot, uint32_t id, Block *out, size_t cap)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return -1;
+    long n = -1;
+    Spinlock_acquire(&d->lock);
+    if (ScopeStack_find(&d->stack, id) == NULL)
+        goto error;
+    n = 0;
+    size_t pos = 0;
+    Block *b;
+    while ((b = Ledger_next(&d->ledger, &pos)) != NULL) {
+        if (b->floor <= id && id <= b->scope) {
+            if ((size_t)n < cap)
+                out[n] = *b;
+            n++;
+        }
+    }
+error:
+    Spinlock_release(&d->lock);
+    return n;
+}
+
+int
+Engine_take_error(Engine *self, int slot, uint64_t *dropped)
+{
+    Device *d = Engine_device(self, slot, 0);
+    *dropped = 0;
+    if (d == NULL)
+        return ENGINE_OK;
+    Spinlock_acquire(&d->lock);
+    int err = d->error;
+    *dropped = d->dropped;
+    d->error = ENGINE_OK;
+    d->dropped = 0;
+    Spinlock_release(&d->lock);
+    return err;
+}
+
+int
+Engine_record_start(Engine *self, size_t capacity)
+{
+    Event *buf = malloc(capacity * sizeof(Event));
+    if (buf == NULL)
+        return -1;
+    Spinlock_acquire(&self->record_lock);
+    free(self->record);
+    self->record = buf;
+    self->record_len = 0;
+    self->record_cap = capacity;
+    Spinlock_release(&self->record_lock);
+    atomic_store(&self->recording, 1);
+    return 0;
+}
+
+size_t
+Engine_record_stop(Engine *self, Event **events)
+{
+    atomic_store(&self->recording, 0);
+    Spinlock_acquire(&self->record_lock);
+    *events = self->record;
+    size_t n = self->record_len;
+    self->record = NULL;
+    self->record_len = 0;
+    self->record_cap = 0;
+    Spinlock_release(&self->record_lock);
+    return n;
+}
+
+void
+Engine_replay(Engine *self, const Event *events, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const Event *ev = &events[i];
+        Engine_event(self, ev->slot, (uintptr_t)ev->addr, ev->size,
+                     ev->total, ev->reserved, ev->source);
+    }
+}

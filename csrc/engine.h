@@ -1,0 +1,98 @@
+/* The measurement engine: per device, a ledger of live blocks, the device's
+ * running totals and a stack of open scopes.  Engine_event is the hot path:
+ * it is called from allocator callbacks on any thread, possibly under the
+ * allocator's lock, so it never calls into Python, never blocks on anything
+ * but the device's own spinlock, and never fails loudly: trouble sets a flag
+ * that the next Engine_take_error reports.
+ */
+#ifndef MEMLAB_ENGINE_H
+#define MEMLAB_ENGINE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ledger.h"
+#include "scope.h"
+#include "spinlock.h"
+
+/* Slot 0 is the CPU, slot 1 + i is cuda:i. */
+#define ENGINE_MAX_DEVICES 65
+#define ENGINE_SLOT_CPU 0
+
+/* Where an event came from. */
+enum {
+    EVENT_REPORT = 0,   /* c10::MemoryReportingInfoBase: exact block size */
+    EVENT_TRACE = 1,    /* CUDA trace tracker: requested size, any thread */
+};
+
+/* Sticky errors, reported once by Engine_take_error. */
+enum {
+    ENGINE_OK = 0,
+    ENGINE_ENOMEM = 1,  /* the ledger could not grow: events were dropped */
+};
+
+/* One recorded event (the replay format of fixtures/events/). */
+typedef struct Event {
+    uint64_t addr;
+    int64_t size;       /* > 0 allocation, < 0 free */
+    int64_t total;
+    int64_t reserved;
+    int32_t slot;
+    int32_t source;
+} Event;
+
+typedef struct Device {
+    Spinlock lock;
+    Ledger ledger;
+    ScopeStack stack;
+    int reports_totals; /* CUDA: the allocator's totals are the truth */
+    int64_t total;      /* CPU: bytes of the ledger's blocks */
+    int64_t reserved;   /* -1 when the device has no reserved pool */
+    uint64_t seq;
+    uint64_t events;
+    uint64_t dropped;
+    uint64_t missed_frees;  /* blocks retired because their address came back */
+    int error;
+} Device;
+
+typedef struct Engine {
+    _Atomic(Device *) devices[ENGINE_MAX_DEVICES];
+    atomic_uint next_scope_id;
+    Spinlock record_lock;
+    Event *record;
+    size_t record_len;
+    size_t record_cap;
+    atomic_int recording;
+} Engine;
+
+Engine *Engine_new(void);
+void Engine_free(Engine *self);
+
+int Engine_slot(int device_type, int device_index);
+void Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
+                  int64_t total, int64_t reserved, int source);
+/* The bridge's entry: c10 device type and index instead of a slot. */
+void Engine_sink(void *ctx, int device_type, int device_index, void *ptr,
+                 int64_t size, uint64_t total, uint64_t reserved, int source);
+
+/* Opens a scope on a device.  total and reserved are the device's figures
+ * now (ignored when negative, and for devices that do not report totals). */
+int Engine_begin(Engine *self, int slot, int detached, int64_t total,
+                 int64_t reserved, uint32_t *id);
+int Engine_end(Engine *self, int slot, uint32_t id, Scope *out);
+int Engine_stats(Engine *self, int slot, uint32_t id, Scope *out);
+int Engine_totals(Engine *self, int slot, int64_t *total, int64_t *reserved);
+/* Copies up to cap blocks that count for open scope id; returns how many
+ * count in all (may exceed cap), or -1 if id is not open. */
+long Engine_blocks(Engine *self, int slot, uint32_t id, Block *out,
+                   size_t cap);
+/* Returns and clears the device's sticky error; *dropped gets the count. */
+int Engine_take_error(Engine *self, int slot, uint64_t *dropped);
+
+int Engine_record_start(Engine *self, size_t capacity);
+/* Stops recording; the caller owns *events (free()). */
+size_t Engine_record_stop(Engine *self, Event **events);
+void Engine_replay(Engine *self, const Event *events, size_t n);
+
+#endif

@@ -1,0 +1,51 @@
+/* The torch bridge's whole interface.  Everything behind it is C++ against
+ * the c10 headers; nothing C++ crosses this line: every entry catches every
+ * exception and reports it as a return code and a message in err.
+ *
+ * Return codes: 0 ok, 1 not available in this torch build, -1 error.
+ */
+#ifndef MEMLAB_BRIDGE_H
+#define MEMLAB_BRIDGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MEMLAB_BRIDGE_ABI 1
+
+/* The bridge is built with hidden visibility; only these entries show. */
+#if defined(__GNUC__)
+#define MEMLAB_BRIDGE_API __attribute__((visibility("default")))
+#else
+#define MEMLAB_BRIDGE_API
+#endif
+
+/* Must match Engine_sink in engine.h. */
+typedef void (*memlab_sink_fn)(void *ctx, int device_type, int device_index,
+                               void *ptr, int64_t size, uint64_t total,
+                               uint64_t reserved, int source);
+
+MEMLAB_BRIDGE_API int memlab_bridge_abi(void);
+/* Pushes the reporter as thread-local debug info on the calling thread; the
+ * autograd engine carries it into its device threads. */
+MEMLAB_BRIDGE_API int memlab_bridge_install(memlab_sink_fn sink, void *ctx, char *err,
+                          size_t errlen);
+/* Pops it again if it is still the innermost profiler state. */
+MEMLAB_BRIDGE_API int memlab_bridge_uninstall(char *err, size_t errlen);
+/* CPU allocations are reported only while this is on (it costs the CPU
+ * allocator a lock and a hash update per allocation). */
+MEMLAB_BRIDGE_API void memlab_bridge_set_cpu(int on);
+/* Attaches a CUDA allocator trace tracker (once; there is no detach), after
+ * CUDA is initialised.  1 when this torch has none or CUDA is absent. */
+MEMLAB_BRIDGE_API int memlab_bridge_attach_cuda_tracker(char *err, size_t errlen);
+/* Gates the tracker's forwarding without detaching it. */
+MEMLAB_BRIDGE_API void memlab_bridge_set_tracker(int on);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,365 @@
+/* pytest_memlab._engine: the CPython face of the engine.  Module setup and
+ * argument conversion only; the measuring lives in engine.c.
+ *
+ * The engine is one per process and is never freed: the torch bridge holds
+ * its address and may deliver an event from an allocator thread at any time,
+ * interpreter shutdown included.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+
+#include "engine.h"
+
+static Engine *the_engine = NULL;
+
+static int
+check_slot(int slot)
+{
+    if (slot < 0 || slot >= ENGINE_MAX_DEVICES) {
+        PyErr_Format(PyExc_ValueError, "device slot %d is out of range 0..%d",
+                     slot, ENGINE_MAX_DEVICES - 1);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+scope_to_dict(const Scope *s)
+{
+    PyObject *reserved = NULL;
+    PyObject *d = Py_BuildValue(
+        "{s:I,s:L,s:L,s:L,s:K,s:L,s:L,s:K,s:K,s:L}",
+        "id", s->id,
+        "own", (long long)s->own,
+        "peak", (long long)s->peak,
+        "total_at_peak", (long long)s->total_at_peak,
+        "seq_at_peak", (unsigned long long)s->seq_at_peak,
+        "peak_total", (long long)s->peak_total,
+        "start_total", (long long)s->start_total,
+        "allocs", (unsigned long long)s->allocs,
+        "frees", (unsigned long long)s->frees,
+        "allocated_bytes", (long long)s->allocated_bytes);
+    if (d == NULL)
+        goto error;
+    if (s->reserved_peak < 0) {
+        reserved = Py_NewRef(Py_None);
+    }
+    else {
+        reserved = PyLong_FromLongLong(s->reserved_peak);
+        if (reserved == NULL)
+            goto error;
+    }
+    if (PyDict_SetItemString(d, "reserved_peak", reserved) < 0)
+        goto error;
+    Py_DECREF(reserved);
+    return d;
+error:
+    Py_XDECREF(reserved);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+/* Turns the sticky error the hot path may have set into an exception. */
+static int
+raise_engine_error(int slot)
+{
+    uint64_t dropped;
+    int err = Engine_take_error(the_engine, slot, &dropped);
+    if (err == ENGINE_OK)
+        return 0;
+    PyErr_Format(PyExc_MemoryError,
+                 "memlab dropped %llu allocator events on device slot %d: "
+                 "out of memory while growing the ledger; this scope's "
+                 "figures are incomplete",
+                 (unsigned long long)dropped, slot);
+    return -1;
+}
+
+static PyObject *
+engine_sink(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return Py_BuildValue("(KK)",
+                         (unsigned long long)(uintptr_t)&Engine_sink,
+                         (unsigned long long)(uintptr_t)the_engine);
+}
+
+static PyObject *
+engine_slot(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int type, index;
+    if (!PyArg_ParseTuple(args, "ii:slot", &type, &index))
+        return NULL;
+    return PyLong_FromLong(Engine_slot(type, index));
+}
+
+static PyObject *
+engine_begin(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"slot", "detached", "total", "reserved", NULL};
+    int slot, detached = 0;
+    long long total = -1, reserved = -1;
+    uint32_t id;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|pLL:begin", kwlist,
+                                     &slot, &detached, &total, &reserved))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (Engine_begin(the_engine, slot, detached, total, reserved, &id) < 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "cannot open a scope on device slot %d: more than %d "
+                     "nested scopes, or out of memory", slot, SCOPE_MAX_DEPTH);
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(id);
+}
+
+static PyObject *
+engine_end(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    unsigned int id;
+    Scope s;
+    if (!PyArg_ParseTuple(args, "iI:end", &slot, &id))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (Engine_end(the_engine, slot, id, &s) < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "scope %u is not the innermost open scope of device "
+                     "slot %d", id, slot);
+        return NULL;
+    }
+    if (raise_engine_error(slot) < 0)
+        return NULL;
+    return scope_to_dict(&s);
+}
+
+static PyObject *
+engine_stats(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    unsigned int id;
+    Scope s;
+    if (!PyArg_ParseTuple(args, "iI:stats", &slot, &id))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (Engine_stats(the_engine, slot, id, &s) < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "scope %u is not open on device slot %d", id, slot);
+        return NULL;
+    }
+    return scope_to_dict(&s);
+}
+
+static PyObject *
+engine_totals(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    int64_t total, reserved;
+    if (!PyArg_ParseTuple(args, "i:totals", &slot))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (Engine_totals(the_engine, slot, &total, &reserved) < 0)
+        Py_RETURN_NONE;
+    if (reserved < 0)
+        return Py_BuildValue("(LO)", (long long)total, Py_None);
+    return Py_BuildValue("(LL)", (long long)total, (long long)reserved);
+}
+
+static PyObject *
+engine_blocks(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    unsigned int id;
+    Block *buf = NULL;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "iI:blocks", &slot, &id))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    size_t cap = 256;
+    long n;
+    for (;;) {
+        Block *grown = realloc(buf, cap * sizeof(Block));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        buf = grown;
+        n = Engine_blocks(the_engine, slot, id, buf, cap);
+        if (n < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "scope %u is not open on device slot %d", id, slot);
+            goto error;
+        }
+        if ((size_t)n <= cap)
+            break;
+        cap = (size_t)n + 64;   /* blocks came meanwhile; try again */
+    }
+    result = PyList_New(n);
+    if (result == NULL)
+        goto error;
+    for (long i = 0; i < n; i++) {
+        PyObject *t = Py_BuildValue("(KLII)",
+                                    (unsigned long long)buf[i].addr,
+                                    (long long)buf[i].size, buf[i].scope,
+                                    buf[i].site);
+        if (t == NULL) {
+            Py_CLEAR(result);
+            goto error;
+        }
+        PyList_SET_ITEM(result, i, t);
+    }
+error:
+    free(buf);
+    return result;
+}
+
+static PyObject *
+engine_inject(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"slot", "addr", "size", "total", "reserved",
+                             "source", NULL};
+    int slot, source = EVENT_REPORT;
+    unsigned long long addr;
+    long long size, total = 0, reserved = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iKL|LLi:inject", kwlist,
+                                     &slot, &addr, &size, &total, &reserved,
+                                     &source))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (addr == 0) {
+        PyErr_SetString(PyExc_ValueError, "address 0 is not a block");
+        return NULL;
+    }
+    Engine_event(the_engine, slot, (uintptr_t)addr, size, total, reserved,
+                 source);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+engine_record_start(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_ssize_t capacity;
+    if (!PyArg_ParseTuple(args, "n:record_start", &capacity))
+        return NULL;
+    if (capacity <= 0) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be positive");
+        return NULL;
+    }
+    if (Engine_record_start(the_engine, (size_t)capacity) < 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+engine_record_stop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    Event *events;
+    size_t n = Engine_record_stop(the_engine, &events);
+    PyObject *result = PyBytes_FromStringAndSize(
+        (const char *)events, (Py_ssize_t)(n * sizeof(Event)));
+    free(events);
+    return result;
+}
+
+static PyObject *
+engine_replay(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t repeat = 1;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*|n:replay", &view, &repeat))
+        return NULL;
+    if (view.len % (Py_ssize_t)sizeof(Event) != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "event stream of %zd bytes is not a whole number of "
+                     "%zu-byte events", view.len, sizeof(Event));
+        goto error;
+    }
+    size_t n = (size_t)view.len / sizeof(Event);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < repeat; r++)
+        Engine_replay(the_engine, (const Event *)view.buf, n);
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSize_t(n * (size_t)(repeat > 0 ? repeat : 0));
+error:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef engine_methods[] = {
+    {"sink", engine_sink, METH_NOARGS,
+     "sink() -> (function address, context address) for the torch bridge."},
+    {"slot", engine_slot, METH_VARARGS,
+     "slot(device_type, index) -> the engine's slot for a c10 device, or -1."},
+    {"begin", (PyCFunction)(void (*)(void))engine_begin,
+     METH_VARARGS | METH_KEYWORDS,
+     "begin(slot, detached=False, total=-1, reserved=-1) -> scope id."},
+    {"end", engine_end, METH_VARARGS,
+     "end(slot, scope_id) -> figures of the closed scope."},
+    {"stats", engine_stats, METH_VARARGS,
+     "stats(slot, scope_id) -> figures of an open scope so far."},
+    {"totals", engine_totals, METH_VARARGS,
+     "totals(slot) -> (total, reserved or None), or None if never used."},
+    {"blocks", engine_blocks, METH_VARARGS,
+     "blocks(slot, scope_id) -> [(addr, size, scope, site)] live in scope."},
+    {"inject", (PyCFunction)(void (*)(void))engine_inject,
+     METH_VARARGS | METH_KEYWORDS,
+     "inject(slot, addr, size, total=0, reserved=0, source=0): deliver one "
+     "event as an allocator would (tests and replays)."},
+    {"record_start", engine_record_start, METH_VARARGS,
+     "record_start(capacity): record up to capacity events."},
+    {"record_stop", engine_record_stop, METH_NOARGS,
+     "record_stop() -> bytes of the recorded events."},
+    {"replay", engine_replay, METH_VARARGS,
+     "replay(events, repeat=1) -> number of events delivered."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+engine_exec(PyObject *module)
+{
+    if (the_engine == NULL) {
+        the_engine = Engine_new();
+        if (the_engine == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    if (PyModule_AddIntConstant(module, "EVENT_REPORT", EVENT_REPORT) < 0
+        || PyModule_AddIntConstant(module, "EVENT_TRACE", EVENT_TRACE) < 0
+        || PyModule_AddIntConstant(module, "SLOT_CPU", ENGINE_SLOT_CPU) < 0
+        || PyModule_AddIntConstant(module, "MAX_DEVICES",
+                                   ENGINE_MAX_DEVICES) < 0
+        || PyModule_AddIntConstant(module, "MAX_DEPTH", SCOPE_MAX_DEPTH) < 0
+        || PyModule_AddIntConstant(module, "EVENT_SIZE",
+                                   (long)sizeof(Event)) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot engine_slots[] = {
+    {Py_mod_exec, engine_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef engine_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pytest_memlab._engine",
+    .m_doc = "The C measurement engine of pytest-memlab.",
+    .m_size = 0,
+    .m_methods = engine_methods,
+    .m_slots = engine_slots,
+};
+
+PyMODINIT_FUNC
+PyInit__engine(void)
+{
+    return PyModuleDef_Init(&engine_module);
+}

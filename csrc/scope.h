@@ -1,0 +1,59 @@
+/* Scopes: the bracketed intervals whose memory is measured (a test, a region
+ * inside it, a broader fixture being set up).  Per device they nest as a
+ * stack.  A block counts for every open scope from its floor up to the scope
+ * that was innermost when it was allocated; ids grow monotonically, so "open
+ * and floor <= id <= block.scope" is exactly "was open when the block was
+ * allocated and is not cut off by a detached scope".
+ */
+#ifndef MEMLAB_SCOPE_H
+#define MEMLAB_SCOPE_H
+
+#include <stdint.h>
+
+#define SCOPE_MAX_DEPTH 32
+
+typedef struct Scope {
+    uint32_t id;
+    int detached;           /* its blocks do not count for enclosing scopes */
+    int64_t own;            /* live bytes of blocks allocated in it */
+    int64_t peak;           /* most own bytes at one moment */
+    int64_t total_at_peak;  /* device total when own peak was reached */
+    uint64_t seq_at_peak;   /* event number when own peak was reached */
+    int64_t peak_total;     /* most device total while open */
+    int64_t start_total;
+    int64_t reserved_peak;  /* -1 when the device reports no reserved bytes */
+    uint64_t allocs;
+    uint64_t frees;
+    int64_t allocated_bytes;
+} Scope;
+
+typedef struct ScopeStack {
+    Scope scopes[SCOPE_MAX_DEPTH];
+    int depth;
+    uint32_t floor;         /* id of the innermost detached scope, else 0 */
+} ScopeStack;
+
+void ScopeStack_init(ScopeStack *self);
+/* -1 when the stack is full. */
+int ScopeStack_push(ScopeStack *self, uint32_t id, int detached,
+                    int64_t total, int64_t reserved);
+/* -1 when id is not the innermost scope. */
+int ScopeStack_pop(ScopeStack *self, uint32_t id, Scope *out);
+Scope *ScopeStack_find(ScopeStack *self, uint32_t id);
+static inline Scope *
+ScopeStack_top(ScopeStack *self)
+{
+    return self->depth > 0 ? &self->scopes[self->depth - 1] : 0;
+}
+/* A block of `size` bytes was allocated in the innermost scope. */
+void ScopeStack_on_alloc(ScopeStack *self, int64_t size, int64_t total,
+                         uint64_t seq);
+/* A block that counted for [floor, scope] changed by delta bytes: freed
+ * (is_free, delta = -size) or its estimated size corrected. */
+void ScopeStack_on_resize(ScopeStack *self, uint32_t floor, uint32_t scope,
+                          int64_t delta, int is_free, int64_t total,
+                          uint64_t seq);
+/* The device's totals moved without an allocation of ours (another block). */
+void ScopeStack_on_totals(ScopeStack *self, int64_t total, int64_t reserved);
+
+#endif
