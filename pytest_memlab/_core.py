@@ -1,0 +1,147 @@
+"""The one place that imports the C engine and chooses how torch feeds it.
+
+Why a choice: the engine hears allocations only through the torch bridge, a
+small C++ library that must be compiled against the torch the process imports
+(its c10 headers and C++ ABI).  When it cannot be built or loaded (no
+compiler, an unusual torch), CUDA budgets still work from torch.cuda's own
+counters, without the engine: that is the ``counters`` backend, chosen with
+one warning that says why.  ``MEMLAB_CORE=bridge`` makes that an error (this
+project's CI sets it); ``MEMLAB_CORE=counters`` chooses it on purpose.
+
+Nothing here imports torch at module import: a suite that never measures
+never pays for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+from pathlib import Path
+
+from . import _engine
+from ._bridge_build import BridgeBuildError, build, cache_dir, library_name, torch_facts
+
+engine = _engine
+
+BRIDGE = "bridge"
+COUNTERS = "counters"
+UNAVAILABLE = "unavailable"
+
+
+class MemlabCoreError(RuntimeError):
+    """The measurement backend that was required is not available."""
+
+
+class MemlabWarning(UserWarning):
+    """pytest-memlab measures less than it was asked to; the text says why."""
+
+
+class Bridge:
+    """The loaded bridge library, installed on the threads that measure."""
+
+    def __init__(self, path: Path):
+        lib = ctypes.CDLL(str(path))
+        lib.memlab_bridge_abi.restype = ctypes.c_int
+        for name in ("memlab_bridge_install",):
+            getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+            getattr(lib, name).restype = ctypes.c_int
+        for name in ("memlab_bridge_uninstall", "memlab_bridge_attach_cuda_tracker"):
+            getattr(lib, name).argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+            getattr(lib, name).restype = ctypes.c_int
+        for name in ("memlab_bridge_set_cpu", "memlab_bridge_set_tracker"):
+            getattr(lib, name).argtypes = [ctypes.c_int]
+            getattr(lib, name).restype = None
+        self.lib = lib
+        self.path = path
+        self.tracker = None  # None: not tried; True: attached; str: why not
+        self._cpu_users = 0
+        self._cuda_users = 0
+
+    def install(self) -> None:
+        """Pushes the reporter on the calling thread (idempotent)."""
+        sink, ctx = _engine.sink()
+        err = ctypes.create_string_buffer(512)
+        if self.lib.memlab_bridge_install(sink, ctx, err, len(err)) != 0:
+            raise MemlabCoreError(f"installing the torch bridge failed: {err.value.decode(errors='replace')}")
+
+    def cpu(self, on: bool) -> None:
+        """CPU reporting stays on while any CPU scope is open."""
+        self._cpu_users += 1 if on else -1
+        self.lib.memlab_bridge_set_cpu(1 if self._cpu_users > 0 else 0)
+
+    def cuda(self, on: bool) -> None:
+        """Attaches the trace tracker once CUDA is initialised, and gates it
+        on while any CUDA scope is open."""
+        if on and self.tracker is None:
+            if os.environ.get("MEMLAB_CUDA_TRACKER", "1") == "0":
+                self.tracker = "turned off by MEMLAB_CUDA_TRACKER=0"
+            else:
+                err = ctypes.create_string_buffer(512)
+                rc = self.lib.memlab_bridge_attach_cuda_tracker(err, len(err))
+                self.tracker = True if rc == 0 else err.value.decode(errors="replace")
+        self._cuda_users += 1 if on else -1
+        self.lib.memlab_bridge_set_tracker(1 if self._cuda_users > 0 else 0)
+
+
+class Core:
+    """The chosen backend: ``bridge``, ``counters`` or ``unavailable``."""
+
+    def __init__(self, name: str, reason: str = "", bridge: Bridge | None = None, torch=None):
+        self.name = name
+        self.reason = reason
+        self.bridge = bridge
+        self.torch = torch
+
+    def __repr__(self) -> str:
+        return f"Core({self.name!r}, {self.reason!r})"
+
+
+def _find_or_build_bridge(torch) -> Path:
+    facts = torch_facts(torch)
+    prebuilt = Path(__file__).resolve().parent / "_bridge" / library_name(facts)
+    if prebuilt.is_file():
+        return prebuilt
+    return build(torch, cache_dir() / "bridge")
+
+
+_core: Core | None = None
+
+
+def core() -> Core:
+    """Chooses the backend on first use (importing torch then) and keeps it."""
+    global _core
+    if _core is None:
+        _core = _choose()
+    return _core
+
+
+def _choose() -> Core:
+    mode = os.environ.get("MEMLAB_CORE", "auto").strip().lower() or "auto"
+    if mode not in ("auto", BRIDGE, COUNTERS):
+        raise MemlabCoreError(f"MEMLAB_CORE={mode!r} is not one of auto, bridge, counters")
+    try:
+        import torch
+    except Exception as exc:  # torch missing or broken: nothing to measure
+        reason = f"torch is not importable ({type(exc).__name__}: {exc})"
+        if mode == BRIDGE:
+            raise MemlabCoreError(f"MEMLAB_CORE=bridge, but {reason}") from exc
+        return Core(UNAVAILABLE, reason)
+    if mode == COUNTERS:
+        return Core(COUNTERS, "chosen by MEMLAB_CORE=counters", torch=torch)
+    try:
+        bridge = Bridge(_find_or_build_bridge(torch))
+        bridge.install()
+    except (BridgeBuildError, OSError, MemlabCoreError) as exc:
+        reason = f"the torch bridge is unavailable: {exc}"
+        if mode == BRIDGE:
+            raise MemlabCoreError(f"MEMLAB_CORE=bridge, but {reason}") from exc
+        warnings.warn(
+            MemlabWarning(
+                f"pytest-memlab: {reason}. CUDA budgets fall back to torch.cuda counters "
+                "(own peak estimated as growth over the starting total, no CPU measurement)."
+            ),
+            stacklevel=2,
+        )
+        return Core(COUNTERS, reason, torch=torch)
+    return Core(BRIDGE, f"torch bridge {bridge.path.name}", bridge=bridge, torch=torch)

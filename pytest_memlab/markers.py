@@ -1,0 +1,118 @@
+"""The markers ``cuda_memory`` and ``cpu_memory``: registration and parsing.
+
+Every marker is parsed once, at collection, into a :class:`MemorySpec`; a bad
+one is a usage error that names the test and the value, never a traceback
+from inside the plugin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
+
+MARKERS = {
+    "cuda_memory": (
+        "cuda_memory(max=None, *, max_total=None, max_reserved=None, leaks=0, tolerance=None, device=None): "
+        "CUDA memory budget of this test (sizes as bytes or strings like '2GiB'); see pytest-memlab"
+    ),
+    "cpu_memory": (
+        "cpu_memory(max=None, *, max_total=None, leaks=0, tolerance=None): "
+        "CPU tensor memory budget of this test; see pytest-memlab"
+    ),
+}
+
+_KEYWORDS = {
+    "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device"),
+    "cpu_memory": ("max", "max_total", "leaks", "tolerance"),
+}
+
+
+class MarkerError(ValueError):
+    """A marker that cannot be used; the message names the test and value."""
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    """What a test asks to be measured and held to, on one kind of device."""
+
+    kind: str                       # "cuda" or "cpu"
+    max: int | None = None          # own peak budget
+    max_total: int | None = None    # device total at the peak moment
+    max_reserved: int | None = None
+    leaks: int | None = 0           # bytes allowed after teardown; None: off
+    tolerance: Tolerance | None = None
+    device: str | None = None       # "cpu", "cuda" (current at start), "cuda:N"
+    marked: bool = True             # False: measured because of --memlab
+
+
+def _parse_device(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise MarkerError(f"device={value!r} is not a CUDA device")
+    if isinstance(value, int):
+        if value < 0:
+            raise MarkerError(f"device={value!r} is negative")
+        return f"cuda:{value}"
+    if type(value).__name__ == "device" and hasattr(value, "type"):  # torch.device
+        if value.type != "cuda":
+            raise MarkerError(f"device={value!r} is not a CUDA device")
+        return "cuda" if value.index is None else f"cuda:{value.index}"
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "cuda":
+            return "cuda"
+        if text.startswith("cuda:") and text[5:].isdigit():
+            return f"cuda:{int(text[5:])}"
+    raise MarkerError(f"device={value!r} is not a CUDA device (expected 'cuda', 'cuda:N', an int or a torch.device)")
+
+
+def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
+    """Parses one marker's arguments; raises MarkerError naming the value."""
+    allowed = _KEYWORDS[name]
+    if len(args) > 1:
+        raise MarkerError(f"{name} takes at most one positional argument (max), got {len(args)}: {args!r}")
+    values = dict(kwargs)
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise MarkerError(f"{name} got unknown keyword {', '.join(map(repr, unknown))} (known: {', '.join(allowed)})")
+    if args:
+        if "max" in values:
+            raise MarkerError(f"{name} got max both as a positional and as a keyword argument")
+        values["max"] = args[0]
+    spec = {"kind": "cuda" if name == "cuda_memory" else "cpu"}
+    for key in ("max", "max_total", "max_reserved"):
+        if values.get(key) is not None:
+            try:
+                spec[key] = parse_size(values[key])
+            except SizeError as exc:
+                raise MarkerError(f"{name}({key}={values[key]!r}): {exc}") from None
+    if "leaks" in values:
+        if values["leaks"] is None:
+            spec["leaks"] = None
+        else:
+            try:
+                spec["leaks"] = parse_size(values["leaks"])
+            except SizeError as exc:
+                raise MarkerError(f"{name}(leaks={values['leaks']!r}): {exc}") from None
+    if values.get("tolerance") is not None:
+        try:
+            spec["tolerance"] = parse_tolerance(values["tolerance"])
+        except SizeError as exc:
+            raise MarkerError(f"{name}(tolerance={values['tolerance']!r}): {exc}") from None
+    if name == "cuda_memory":
+        spec["device"] = _parse_device(values.get("device")) or "cuda"
+    else:
+        spec["device"] = "cpu"
+    return MemorySpec(**spec)
+
+
+def specs_for(item) -> list[MemorySpec]:
+    """The closest marker of each kind on item, parsed."""
+    specs = []
+    for name in ("cuda_memory", "cpu_memory"):
+        marker = item.get_closest_marker(name)
+        if marker is not None:
+            specs.append(parse_marker(name, marker.args, marker.kwargs))
+    return specs
