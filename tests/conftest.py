@@ -1,0 +1,35 @@
+import os
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+MiB = 2**20
+
+
+def has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def has_cuda() -> bool:
+    if not has_torch():
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+requires_torch = pytest.mark.skipif(not has_torch(), reason="needs torch")
+requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
+
+
+@pytest.fixture
+def inner(pytester):
+    """A pytester whose runs see this checkout's environment (MEMLAB_CORE)."""
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    os.environ.setdefault("MEMLAB_CORE", os.environ.get("MEMLAB_CORE", "auto"))
+    return pytester

@@ -1,0 +1,155 @@
+"""CUDA tests: run by ci/gpu on the GPU machine (skipped without CUDA)."""
+
+import threading
+
+import pytest
+
+from conftest import MiB, requires_cuda
+
+pytestmark = requires_cuda
+
+
+@pytest.fixture
+def core():
+    from pytest_memlab._core import BRIDGE, core
+
+    c = core()
+    if c.name != BRIDGE:
+        pytest.fail(f"the torch bridge is not in use: {c.reason}")
+    return c
+
+
+def _measure(core, device="cuda:0"):
+    from pytest_memlab.measure import Measurement
+
+    m = Measurement(core, [device])
+    m.begin()
+    return m
+
+
+def test_own_peak_of_32_and_16_mib_is_exactly_48_mib(core):
+    import torch
+
+    torch.cuda.init()
+    m = _measure(core)
+    a = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
+    b = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
+    del a, b
+    fig = m.end()["cuda:0"]
+    assert fig.peak == 48 * MiB
+    assert fig.live == 0
+
+
+def test_training_step_peak_total_equals_max_memory_allocated(core):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)
+    ).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(256, 1024, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    m = _measure(core)
+    for _ in range(2):
+        loss = model(x).square().mean()
+        loss.backward()  # runs on the autograd device thread
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    fig = m.end()["cuda:0"]
+    assert fig.peak_total == torch.cuda.max_memory_allocated()
+    assert fig.reserved_peak == torch.cuda.max_memory_reserved()
+    # Adam's state (two moments per parameter) stays: the test's own bytes
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert fig.live >= 2 * params
+    assert fig.peak > fig.live
+
+
+def test_autograd_thread_allocations_reach_the_reporter(core):
+    """With the trace tracker gated off, only the thread-local reporter
+    speaks: gradients allocated on the autograd device thread must still
+    arrive, so the engine's total matches the allocator's exactly."""
+    import torch
+
+    w = torch.randn(2048, 2048, device="cuda", requires_grad=True)
+    x = torch.randn(512, 2048, device="cuda")
+    torch.cuda.synchronize()
+    m = _measure(core)
+    core.bridge.lib.memlab_bridge_set_tracker(0)
+    try:
+        (x @ w).sum().backward()
+        torch.cuda.synchronize()
+        fig = m.figures()
+        from pytest_memlab._core import engine
+
+        assert engine.totals(1)[0] == torch.cuda.memory_allocated()
+        # w.grad (16 MiB) was allocated on the autograd thread and is live
+        assert fig.live >= w.numel() * 4
+    finally:
+        core.bridge.lib.memlab_bridge_set_tracker(1)
+        m.end()
+
+
+def test_free_on_a_plain_thread_is_seen_through_the_tracker(core):
+    if core.bridge.tracker is not True:
+        pytest.skip(f"no CUDA trace tracker: {core.bridge.tracker}")
+    import torch
+
+    box = [None]
+    m = _measure(core)
+    box[0] = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    assert m.figures().live == 8 * MiB
+
+    def drop():
+        box[0] = None  # freed on a thread that carries no reporter
+
+    t = threading.Thread(target=drop)
+    t.start()
+    t.join()
+    fig = m.end()["cuda:0"]
+    assert fig.live == 0
+    assert fig.peak == 8 * MiB
+
+
+def test_marker_budget_fails_on_cuda_with_figures(inner):
+    inner.makepyfile(
+        """
+        import pytest, torch
+        MiB = 2**20
+
+        @pytest.mark.cuda_memory(max="40MiB")
+        def test_over():
+            a = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
+            b = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
+
+        @pytest.mark.cuda_memory(max="48MiB", max_total="100GiB", max_reserved="100GiB")
+        def test_fits():
+            a = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
+            b = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
+        """
+    )
+    result = inner.runpytest_subprocess("-v")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*cuda:0 peak 48.0 MiB exceeds max 40.0 MiB by 8.0 MiB*",
+        "*exactly 50331648 B against 41943040 B*",
+    ])
+
+
+def test_counters_fallback_gives_exact_total_peak(inner, monkeypatch):
+    monkeypatch.setenv("MEMLAB_CORE", "counters")
+    inner.makepyfile(
+        """
+        import pytest, torch
+        MiB = 2**20
+
+        @pytest.mark.cuda_memory(max_total="1MiB")
+        def test_over():
+            a = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
+        """
+    )
+    result = inner.runpytest_subprocess("-v")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*cuda:0 total peak * exceeds max_total 1.0 MiB*", "*estimated from torch.cuda counters*"])
