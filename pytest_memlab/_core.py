@@ -7,6 +7,7 @@ compiler, an unusual torch), CUDA budgets still work from torch.cuda's own
 counters, without the engine: that is the ``counters`` backend, chosen with
 one warning that says why.  ``MEMLAB_CORE=bridge`` makes that an error (this
 project's CI sets it); ``MEMLAB_CORE=counters`` chooses it on purpose.
+``MEMLAB_BRIDGE=PATH`` loads a bridge library built elsewhere.
 
 Nothing here imports torch at module import: a suite that never measures
 never pays for it.
@@ -98,6 +99,11 @@ class Core:
 
 
 def _find_or_build_bridge(torch) -> Path:
+    explicit = os.environ.get("MEMLAB_BRIDGE")
+    if explicit:  # a bridge built elsewhere for this torch
+        if not os.path.isfile(explicit):
+            raise BridgeBuildError(f"MEMLAB_BRIDGE={explicit!r} is not a file")
+        return Path(explicit)
     facts = torch_facts(torch)
     prebuilt = Path(__file__).resolve().parent / "_bridge" / library_name(facts)
     if prebuilt.is_file():

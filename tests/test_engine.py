@@ -1,0 +1,180 @@
+"""The engine through its CPython module, with events injected as an
+allocator would deliver them.  Needs no torch, so it runs on every Python."""
+
+import pytest
+
+from pytest_memlab import _engine as E
+
+CUDA0 = 1  # slot of cuda:0
+CPU = E.SLOT_CPU
+MiB = 2**20
+
+
+def test_own_peak_of_two_blocks_freed_is_their_sum():
+    sid = E.begin(CPU)
+    E.inject(CPU, 0x1000, 32 * MiB)
+    E.inject(CPU, 0x2000, 16 * MiB)
+    E.inject(CPU, 0x1000, -32 * MiB)
+    E.inject(CPU, 0x2000, -16 * MiB)
+    s = E.end(CPU, sid)
+    assert s["peak"] == 48 * MiB
+    assert s["own"] == 0
+    assert (s["allocs"], s["frees"]) == (2, 2)
+    assert s["reserved_peak"] is None
+
+
+def test_cuda_totals_come_from_the_allocator_reports():
+    sid = E.begin(CUDA0, total=1000 * MiB, reserved=2000 * MiB)
+    E.inject(CUDA0, 0xA000, 10 * MiB, total=1010 * MiB, reserved=2000 * MiB)
+    E.inject(CUDA0, 0xB000, 30 * MiB, total=1040 * MiB, reserved=2048 * MiB)
+    E.inject(CUDA0, 0xA000, -10 * MiB, total=1030 * MiB, reserved=2048 * MiB)
+    s = E.end(CUDA0, sid)
+    assert s["start_total"] == 1000 * MiB
+    assert s["peak_total"] == 1040 * MiB
+    assert s["reserved_peak"] == 2048 * MiB
+    assert s["peak"] == 40 * MiB
+    assert s["total_at_peak"] == 1040 * MiB
+    assert s["own"] == 30 * MiB  # still held at the end: what a leak check reads
+
+
+def test_frees_of_older_blocks_do_not_count():
+    E.inject(CPU, 0x5000, 8 * MiB)  # no scope open: not followed
+    sid = E.begin(CPU)
+    E.inject(CPU, 0x5000, -8 * MiB)
+    E.inject(CPU, 0x6000, 1 * MiB)
+    s = E.end(CPU, sid)
+    assert s["peak"] == 1 * MiB
+    assert s["own"] == 1 * MiB
+    assert s["frees"] == 0
+
+
+def test_nested_scopes_each_keep_their_own_peak():
+    outer = E.begin(CPU)
+    E.inject(CPU, 0x1000, 10 * MiB)
+    inner = E.begin(CPU)
+    E.inject(CPU, 0x2000, 5 * MiB)
+    E.inject(CPU, 0x1000, -10 * MiB)  # older than inner: only outer drops
+    E.inject(CPU, 0x3000, 2 * MiB)
+    si = E.end(CPU, inner)
+    E.inject(CPU, 0x2000, -5 * MiB)
+    E.inject(CPU, 0x3000, -2 * MiB)
+    so = E.end(CPU, outer)
+    assert si["peak"] == 7 * MiB
+    assert si["own"] == 7 * MiB
+    assert so["peak"] == 15 * MiB
+    assert so["own"] == 0
+
+
+def test_detached_scope_blocks_do_not_count_for_the_enclosing_test():
+    test = E.begin(CPU)
+    fixture = E.begin(CPU, detached=True)
+    E.inject(CPU, 0x1000, 100 * MiB)  # a module fixture's tensor
+    sf = E.end(CPU, fixture)
+    E.inject(CPU, 0x2000, 1 * MiB)
+    st = E.stats(CPU, test)
+    assert E.totals(CPU)[0] == 101 * MiB  # still part of the device total
+    E.inject(CPU, 0x1000, -100 * MiB)
+    E.inject(CPU, 0x2000, -1 * MiB)
+    s = E.end(CPU, test)
+    assert sf["peak"] == 100 * MiB
+    assert st["peak"] == 1 * MiB
+    assert s["peak"] == 1 * MiB and s["own"] == 0
+    assert s["peak_total"] == 101 * MiB
+
+
+def test_scopes_must_nest():
+    a = E.begin(CPU)
+    b = E.begin(CPU)
+    with pytest.raises(ValueError, match="not the innermost"):
+        E.end(CPU, a)
+    E.end(CPU, b)
+    E.end(CPU, a)
+    with pytest.raises(ValueError, match="not open"):
+        E.stats(CPU, a)
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="out of range"):
+        E.begin(E.MAX_DEVICES)
+    with pytest.raises(ValueError, match="address 0"):
+        E.inject(CPU, 0, 1)
+    with pytest.raises(ValueError, match="whole number"):
+        E.replay(b"x" * (E.EVENT_SIZE + 1))
+
+
+def test_trace_estimate_is_replaced_by_the_exact_report():
+    sid = E.begin(CUDA0, total=0, reserved=0)
+    # the tracker sees the request (1000 B, rounded to 1024) before the report
+    E.inject(CUDA0, 0xC000, 1024, source=E.EVENT_TRACE)
+    E.inject(CUDA0, 0xC000, 1536, total=1536, reserved=2 * MiB)
+    # the free is heard twice: tracker first, then the report
+    E.inject(CUDA0, 0xC000, -1, source=E.EVENT_TRACE)
+    E.inject(CUDA0, 0xC000, -1536, total=0, reserved=2 * MiB)
+    s = E.end(CUDA0, sid)
+    assert s["peak"] == 1536
+    assert s["peak_total"] == 1536
+    assert s["own"] == 0 and s["allocs"] == 1 and s["frees"] == 1
+
+
+def test_free_heard_only_by_the_tracker_releases_the_block():
+    sid = E.begin(CUDA0, total=0, reserved=0)
+    E.inject(CUDA0, 0xD000, 4096, total=4096, reserved=MiB)
+    E.inject(CUDA0, 0xD000, -1, source=E.EVENT_TRACE)  # freed on a plain thread
+    assert E.stats(CUDA0, sid)["own"] == 0
+    assert E.totals(CUDA0)[0] == 0
+    E.end(CUDA0, sid)
+
+
+def test_reused_address_retires_a_block_whose_free_was_missed():
+    sid = E.begin(CPU)
+    E.inject(CPU, 0x7000, 100)
+    E.inject(CPU, 0x7000, 200)  # the allocator handed the address out again
+    s = E.end(CPU, sid)
+    assert s["own"] == 200
+    assert s["peak"] == 200
+
+
+def test_blocks_lists_what_counts_for_a_scope():
+    outer = E.begin(CPU)
+    E.inject(CPU, 0x1000, 10)
+    inner = E.begin(CPU)
+    E.inject(CPU, 0x2000, 20)
+    assert sorted(b[:2] for b in E.blocks(CPU, inner)) == [(0x2000, 20)]
+    assert sorted(b[:2] for b in E.blocks(CPU, outer)) == [(0x1000, 10), (0x2000, 20)]
+    E.end(CPU, inner)
+    E.end(CPU, outer)
+
+
+def test_many_blocks_grow_the_ledger_and_all_come_back():
+    sid = E.begin(CPU)
+    n = 50_000
+    for i in range(1, n + 1):
+        E.inject(CPU, i * 64, 64)
+    assert E.stats(CPU, sid)["own"] == n * 64
+    assert len(E.blocks(CPU, sid)) == n
+    for i in range(n, 0, -1):
+        E.inject(CPU, i * 64, -64)
+    s = E.end(CPU, sid)
+    assert s["peak"] == n * 64 and s["own"] == 0
+
+
+def test_record_and_replay_reproduce_the_figures():
+    sid = E.begin(CPU)
+    E.record_start(100)
+    E.inject(CPU, 0x1000, 300)
+    E.inject(CPU, 0x2000, 500)
+    E.inject(CPU, 0x1000, -300)
+    E.inject(CPU, 0x2000, -500)
+    data = E.record_stop()
+    first = E.end(CPU, sid)
+    assert len(data) == 4 * E.EVENT_SIZE
+    sid = E.begin(CPU)
+    assert E.replay(data, 3) == 12
+    again = E.end(CPU, sid)
+    assert again["peak"] == first["peak"] == 800
+    assert again["allocs"] == 6
+
+
+def test_events_for_unopened_devices_are_ignored():
+    E.inject(40, 0x1000, 10)  # cuda:39 never measured
+    assert E.totals(40) is None

@@ -1,0 +1,366 @@
+"""Acceptance tests of the plugin on CPU tensors, through pytester: exit
+codes, outcomes and what the user reads."""
+
+import pytest
+
+from conftest import requires_torch
+
+pytestmark = requires_torch
+
+HEADER = """
+import threading
+import pytest, torch
+MiB = 2**20
+
+def cpu_bytes(n):
+    return torch.empty(n, dtype=torch.uint8)
+"""
+
+
+def run(pytester, body, *args):
+    pytester.makepyfile(test_inner=HEADER + body)
+    return pytester.runpytest_inprocess("-v", *args)
+
+
+def test_own_peak_of_32_and_16_mib_is_exactly_48_mib(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="48MiB")
+def test_at_budget():
+    a = cpu_bytes(32 * MiB)
+    b = cpu_bytes(16 * MiB)
+    del a, b
+
+@pytest.mark.cpu_memory(max=48 * MiB - 1)
+def test_one_byte_over():
+    a = cpu_bytes(32 * MiB)
+    b = cpu_bytes(16 * MiB)
+    del a, b
+""")
+    result.assert_outcomes(passed=1, failed=1)  # <= passes, one byte over fails
+    result.stdout.fnmatch_lines([
+        "*test_at_budget PASSED*",
+        "*test_one_byte_over FAILED*",
+        "cpu peak 48.0 MiB exceeds max 48.0 MiB by 1 B",
+        "  exactly 50331648 B against 50331647 B",
+    ])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_max_total_and_report_table(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max_total="10MiB")
+def test_total():
+    a = cpu_bytes(12 * MiB)
+
+@pytest.mark.cpu_memory(max="1G")
+def test_small():
+    a = cpu_bytes(3 * MiB)
+""", "--memlab-report")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "cpu total peak 12.0 MiB exceeds max_total 10.0 MiB by 2.0 MiB",
+        "*= memlab =*",
+        "2 tests measured*",
+        "test*device*own peak*total peak*reserved peak*budget*use*leaked",
+        "test_inner.py::test_total*cpu*12.0 MiB*12.0 MiB*-*-*-*0 B",
+        "test_inner.py::test_small*cpu*3.0 MiB*3.0 MiB*-*1.00 GiB*0%*0 B",
+    ])
+
+
+def test_bad_markers_are_usage_errors_naming_test_and_value(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="2X")
+def test_bad_unit():
+    pass
+
+@pytest.mark.cuda_memory(max="1G", maxx="2G")
+def test_unknown_keyword():
+    pass
+
+@pytest.mark.cpu_memory(max_total="-1G")
+def test_negative():
+    pass
+
+@pytest.mark.cuda_memory(device="gpu")
+def test_bad_device():
+    pass
+
+@pytest.mark.cpu_memory("1G", "2G")
+def test_two_positionals():
+    pass
+""")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "ERROR: pytest-memlab: bad memory marker",
+        "*test_inner.py::test_bad_unit: cpu_memory(max='2X'): '2X' has an unknown unit 'X'*",
+        "*test_inner.py::test_unknown_keyword: cuda_memory got unknown keyword 'maxx'*",
+        "*test_inner.py::test_negative: cpu_memory(max_total='-1G'): '-1G' is negative*",
+        "*test_inner.py::test_bad_device: device='gpu' is not a CUDA device*",
+        "*test_inner.py::test_two_positionals: cpu_memory takes at most one positional*",
+    ])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_leaks_and_tolerance_are_accepted_and_checked(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="1M", leaks=None, tolerance="5%,1MiB")
+def test_ok():
+    pass
+
+@pytest.mark.cpu_memory(tolerance="lots")
+def test_bad():
+    pass
+""")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_bad: cpu_memory(tolerance='lots'): tolerance 'lots'*"])
+
+
+def test_closest_marker_wins_and_class_and_module_markers_apply(inner):
+    result = run(inner, """
+pytestmark = pytest.mark.cpu_memory(max="1MiB")
+
+def test_module_budget():
+    a = cpu_bytes(2 * MiB)
+
+@pytest.mark.cpu_memory(max="4MiB")
+class TestClass:
+    def test_class_budget(self):
+        a = cpu_bytes(3 * MiB)
+
+    @pytest.mark.cpu_memory(max="2MiB")
+    def test_own_marker_wins(self):
+        a = cpu_bytes(3 * MiB)
+""")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*test_module_budget FAILED*", "*test_class_budget PASSED*", "*test_own_marker_wins FAILED*",
+        "cpu peak 2.0 MiB exceeds max 1.0 MiB by 1.0 MiB",
+        "cpu peak 3.0 MiB exceeds max 2.0 MiB by 1.0 MiB",
+    ])
+
+
+def test_function_fixtures_count_and_broader_fixtures_do_not(inner):
+    result = run(inner, """
+@pytest.fixture
+def per_test():
+    t = cpu_bytes(5 * MiB)   # set up in the test's scope: counts
+    yield t
+    u = cpu_bytes(7 * MiB)   # allocated in teardown, with t still held: 12 MiB
+    del u
+
+@pytest.fixture(scope="module")
+def shared():
+    return cpu_bytes(50 * MiB)   # a broader fixture: not the test's
+
+@pytest.mark.cpu_memory(max="12MiB")
+def test_fixture_setup_and_teardown_count(per_test, shared):
+    pass
+
+@pytest.mark.cpu_memory(max="11MiB")
+def test_teardown_allocation_breaks_budget(per_test, shared):
+    pass
+""")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["cpu peak 12.0 MiB exceeds max 11.0 MiB by 1.0 MiB"])
+
+
+def test_memlab_fixture_reports_peak_live_total_marks_and_limits(inner):
+    result = run(inner, """
+from pytest_memlab import MemoryBudgetExceeded
+
+@pytest.mark.cpu_memory
+def test_fixture(memlab):
+    assert memlab.devices == ["cpu"]
+    a = cpu_bytes(3 * MiB)
+    assert memlab.peak == 3 * MiB and memlab.live == 3 * MiB
+    assert memlab.total == 3 * MiB
+    m = memlab.mark("after a")
+    assert m.label == "after a" and m.own == {"cpu": 3 * MiB}
+    with memlab.limit("2MiB") as region:
+        b = cpu_bytes(2 * MiB)
+        del b
+    assert region.figures.peak == 2 * MiB
+    with pytest.raises(MemoryBudgetExceeded, match="cpu peak 4.0 MiB exceeds limit 2.0 MiB by 2.0 MiB"):
+        with memlab.limit("2MiB"):
+            c = cpu_bytes(4 * MiB)
+    del a
+    assert memlab.live == 4 * MiB  # c is still held
+    assert memlab.peak == 7 * MiB
+
+def test_unmarked_fixture_user_is_measured(memlab):
+    a = cpu_bytes(1 * MiB)
+    assert memlab.peak == 1 * MiB
+""")
+    result.assert_outcomes(passed=2)
+
+
+def test_limit_failure_fails_the_test_with_figures(inner):
+    result = run(inner, """
+def test_region(memlab):
+    with memlab.limit("1MiB"):
+        a = cpu_bytes(3 * MiB)
+""")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*MemoryBudgetExceeded: cpu peak 3.0 MiB exceeds limit 1.0 MiB by 2.0 MiB*"])
+
+
+def test_a_failing_test_stays_failed_and_gets_the_budget_note(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="1MiB")
+def test_fails_anyway():
+    a = cpu_bytes(2 * MiB)
+    assert False, "its own failure"
+
+@pytest.mark.xfail(reason="known")
+@pytest.mark.cpu_memory(max="1MiB")
+def test_xfail_over_budget():
+    a = cpu_bytes(2 * MiB)
+    assert False
+
+@pytest.mark.cpu_memory(max="1MiB")
+def test_skipped():
+    pytest.skip("not today")
+""")
+    result.assert_outcomes(failed=1, xfailed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*its own failure*", "*- memlab -*", "cpu peak 2.0 MiB exceeds max 1.0 MiB by 1.0 MiB"])
+
+
+def test_allocations_on_autograd_and_threads(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="100MiB")
+def test_backward(memlab):
+    w = torch.randn(1024, 1024, requires_grad=True)   # 4 MiB
+    (w * 2).sum().backward()
+    assert w.grad is not None
+    assert memlab.live >= 8 * MiB   # w and its gradient
+
+@pytest.mark.cpu_memory(max="100MiB")
+def test_plain_thread(memlab):
+    # a plain thread carries no reporter: its allocations are not seen
+    # (documented blind spot); the test thread's are
+    out = []
+    t = threading.Thread(target=lambda: out.append(cpu_bytes(4 * MiB)))
+    t.start(); t.join()
+    a = cpu_bytes(1 * MiB)
+    assert memlab.peak == 1 * MiB
+""")
+    result.assert_outcomes(passed=2)
+
+
+def test_unmarked_tests_are_not_measured_unless_asked(inner):
+    body = """
+def test_plain():
+    a = cpu_bytes(2 * MiB)
+"""
+    result = run(inner, body)
+    result.assert_outcomes(passed=1)
+    assert "= memlab =" not in result.stdout.str()
+    result = inner.runpytest_inprocess("-v", "--memlab-report")
+    result.stdout.fnmatch_lines(["test_inner.py::test_plain*cpu*2.0 MiB*"])
+    inner.makeini("[pytest]\naddopts = -p no:cacheprovider\nmemlab_report = term\n")
+    result = inner.runpytest_inprocess("-v")
+    result.stdout.fnmatch_lines(["test_inner.py::test_plain*cpu*2.0 MiB*"])
+
+
+def test_cuda_marker_without_cuda_runs_unmeasured_or_fails_when_required(inner):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    body = """
+@pytest.mark.cuda_memory(max="1G")
+def test_gpu():
+    pass
+"""
+    result = run(inner, body)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["not measured: test_inner.py::test_gpu cuda: CUDA is not available"])
+    result = inner.runpytest_inprocess("-v", "--memlab-require-cuda")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["cuda not measured: CUDA is not available (--memlab-require-cuda)"])
+
+
+def test_bad_report_option_is_a_usage_error(inner):
+    inner.makepyfile("def test_x(): pass")
+    result = inner.runpytest_inprocess("--memlab-report=xml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*'xml' is not a report*"])
+
+
+def test_figures_reach_junitxml(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="8MiB")
+def test_x():
+    a = cpu_bytes(3 * MiB)
+""", "--junitxml=out.xml")
+    result.assert_outcomes(passed=1)
+    xml = (inner.path / "out.xml").read_text()
+    assert '<property name="memlab.cpu.peak" value="3145728"' in xml
+    assert '<property name="memlab.cpu.max" value="8388608"' in xml
+
+
+def test_plugin_can_be_turned_off(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="1B")
+def test_x():
+    a = cpu_bytes(3 * MiB)
+""", "-p", "no:memlab")
+    result.assert_outcomes(passed=1)
+
+
+def test_xdist_workers_measure_and_the_controller_reports(inner):
+    pytest.importorskip("xdist")
+    inner.makepyfile(test_inner=HEADER + """
+@pytest.mark.cpu_memory(max="1MiB")
+def test_over():
+    a = cpu_bytes(2 * MiB)
+
+@pytest.mark.cpu_memory(max="4MiB")
+def test_under():
+    a = cpu_bytes(3 * MiB)
+""")
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-report")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*cpu peak 2.0 MiB exceeds max 1.0 MiB by 1.0 MiB*",
+        "test_inner.py::test_under*cpu*3.0 MiB*",
+    ])
+
+
+BROKEN_BRIDGE_BODY = """
+@pytest.mark.cpu_memory(max="1G")
+def test_cpu():
+    a = cpu_bytes(MiB)
+"""
+
+
+def test_without_the_bridge_cpu_is_not_measured_and_says_why(inner, monkeypatch):
+    monkeypatch.setenv("MEMLAB_CORE", "auto")
+    monkeypatch.setenv("MEMLAB_BRIDGE", str(inner.path / "missing.so"))
+    inner.makepyfile(test_inner=HEADER + BROKEN_BRIDGE_BODY)
+    result = inner.runpytest_subprocess("-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*tests measured (backend counters: the torch bridge is unavailable: MEMLAB_BRIDGE=*missing.so' is not a file)",
+        "not measured: test_inner.py::test_cpu cpu: CPU memory is measured only through the torch bridge*",
+    ])
+
+
+def test_without_the_bridge_memlab_core_bridge_fails_the_test(inner, monkeypatch):
+    monkeypatch.setenv("MEMLAB_CORE", "bridge")
+    monkeypatch.setenv("MEMLAB_BRIDGE", str(inner.path / "missing.so"))
+    inner.makepyfile(test_inner=HEADER + BROKEN_BRIDGE_BODY)
+    result = inner.runpytest_subprocess("-v")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "pytest-memlab could not measure this test: MemlabCoreError: MEMLAB_CORE=bridge, but the torch bridge "
+        "is unavailable: MEMLAB_BRIDGE=*missing.so' is not a file",
+    ])
+
+
+def test_a_bad_memlab_core_value_fails_clearly(inner, monkeypatch):
+    monkeypatch.setenv("MEMLAB_CORE", "fast")
+    inner.makepyfile(test_inner=HEADER + BROKEN_BRIDGE_BODY)
+    result = inner.runpytest_subprocess("-v")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*MEMLAB_CORE='fast' is not one of auto, bridge, counters*"])
