@@ -153,3 +153,45 @@ def test_counters_fallback_gives_exact_total_peak(inner, monkeypatch):
     result = inner.runpytest_subprocess("-v")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*cuda:0 total peak * exceeds max_total 1.0 MiB*", "*estimated from torch.cuda counters*"])
+
+
+def test_out_of_memory_fails_that_test_and_the_session_goes_on(inner):
+    inner.makepyfile(
+        """
+        import pytest, torch
+        MiB = 2**20
+
+        @pytest.mark.cuda_memory(max="1G")
+        def test_oom():
+            torch.empty(2**50, dtype=torch.uint8, device="cuda")
+
+        @pytest.mark.cuda_memory(max="8MiB")
+        def test_after():
+            a = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+        """
+    )
+    result = inner.runpytest_subprocess("-v", "--memlab-report")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*OutOfMemoryError*", "test_*.py::test_after*cuda:0*4.0 MiB*"])
+
+
+def test_unmarked_tests_under_memlab_measure_cuda_without_broader_fixtures(inner):
+    inner.makepyfile(
+        """
+        import pytest, torch
+        MiB = 2**20
+
+        @pytest.fixture(scope="module")
+        def weights():
+            return torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+
+        def test_uses_weights(weights, memlab):
+            a = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")
+            assert memlab.devices == ["cuda:0"]
+            assert memlab.peak == 2 * MiB
+            assert memlab.peak_total >= 66 * MiB
+        """
+    )
+    result = inner.runpytest_subprocess("-v", "--memlab-report")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["test_*.py::test_uses_weights*cuda:0*2.0 MiB*"])
