@@ -188,7 +188,9 @@ def test_fixture(memlab):
     assert memlab.peak == 7 * MiB
 
 def test_unmarked_fixture_user_is_measured(memlab):
-    a = cpu_bytes(1 * MiB)
+    # unmarked: CUDA where there is CUDA, else the CPU
+    assert memlab.devices == ["cuda:0" if torch.cuda.is_available() else "cpu"]
+    a = torch.empty(MiB, dtype=torch.uint8, device=memlab.devices[0])
     assert memlab.peak == 1 * MiB
 """)
     result.assert_outcomes(passed=2)
@@ -196,6 +198,7 @@ def test_unmarked_fixture_user_is_measured(memlab):
 
 def test_limit_failure_fails_the_test_with_figures(inner):
     result = run(inner, """
+@pytest.mark.cpu_memory
 def test_region(memlab):
     with memlab.limit("1MiB"):
         a = cpu_bytes(3 * MiB)
@@ -248,18 +251,21 @@ def test_plain_thread(memlab):
 
 
 def test_unmarked_tests_are_not_measured_unless_asked(inner):
+    import torch
+
     body = """
 def test_plain():
-    a = cpu_bytes(2 * MiB)
+    a = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
 """
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
     result = run(inner, body)
     result.assert_outcomes(passed=1)
     assert "= memlab =" not in result.stdout.str()
     result = inner.runpytest_inprocess("-v", "--memlab-report")
-    result.stdout.fnmatch_lines(["test_inner.py::test_plain*cpu*2.0 MiB*"])
+    result.stdout.fnmatch_lines([f"test_inner.py::test_plain*{device}*2.0 MiB*"])
     inner.makeini("[pytest]\naddopts = -p no:cacheprovider\nmemlab_report = term\n")
     result = inner.runpytest_inprocess("-v")
-    result.stdout.fnmatch_lines(["test_inner.py::test_plain*cpu*2.0 MiB*"])
+    result.stdout.fnmatch_lines([f"test_inner.py::test_plain*{device}*2.0 MiB*"])
 
 
 def test_cuda_marker_without_cuda_runs_unmeasured_or_fails_when_required(inner):
