@@ -122,7 +122,10 @@ def build(torch, out_dir: str | os.PathLike) -> Path:
     os.close(fd)
     try:
         cmd = compile_command(facts, tmp)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as exc:
+            raise BridgeBuildError(f"cannot run the C++ compiler {cmd[0]!r}: {exc}") from None
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
             raise BridgeBuildError(

@@ -1,0 +1,42 @@
+"""The bridge's build on first use: into a cache folder keyed by torch
+version, C++ ABI and CUDA, and a clear error when it cannot be built."""
+
+import ctypes
+
+import pytest
+
+from conftest import requires_torch
+from pytest_memlab import _bridge_build as bb
+
+pytestmark = requires_torch
+
+
+def test_build_into_cache_is_keyed_and_loadable(tmp_path):
+    import torch
+
+    path = bb.build(torch, tmp_path)
+    facts = bb.torch_facts(torch)
+    assert path.parent == tmp_path
+    assert f"abi{facts['abi']}" in path.name
+    assert torch.__version__.replace("+", "_") in path.name
+    lib = ctypes.CDLL(str(path))
+    assert lib.memlab_bridge_abi() == 1
+    assert bb.build(torch, tmp_path) == path  # reused, not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary files left
+
+
+def test_a_missing_compiler_is_named(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    with pytest.raises(bb.BridgeBuildError, match="cannot run the C\\+\\+ compiler '/nonexistent/g\\+\\+'"):
+        bb.build(torch, tmp_path / "other")
+    assert not any((tmp_path / "other").glob("*.so"))
+
+
+def test_a_compile_error_is_reported_with_the_command(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(bb.BridgeBuildError, match="compiling the torch bridge failed"):
+        bb.build(torch, tmp_path)
