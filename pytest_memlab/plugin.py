@@ -305,8 +305,15 @@ class MemlabPlugin:
         if self.backend:
             summary += f" (backend {self.backend})"
         tr.write_line(summary)
+        by_reason: dict[str, list[str]] = {}
         for r, d in unmeasured:
-            tr.write_line(f"not measured: {r.nodeid} {d.device}: {d.reason}")
+            by_reason.setdefault(f"{d.device}: {d.reason}", []).append(r.nodeid)
+        for reason, nodeids in by_reason.items():
+            if len(nodeids) <= 3:
+                for nodeid in nodeids:
+                    tr.write_line(f"not measured: {nodeid} {reason}")
+            else:
+                tr.write_line(f"not measured: {len(nodeids)} tests ({nodeids[0]}, ...) {reason}")
         if not self.report or "term" not in self.report:
             if over:
                 tr.write_line(f"{over} measured tests failed; see above")

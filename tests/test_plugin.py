@@ -370,3 +370,18 @@ def test_a_bad_memlab_core_value_fails_clearly(inner, monkeypatch):
     result = inner.runpytest_subprocess("-v")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*MEMLAB_CORE='fast' is not one of auto, bridge, counters*"])
+
+
+def test_many_unmeasured_tests_are_grouped_by_reason(inner):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run(inner, """
+@pytest.mark.parametrize("i", range(5))
+@pytest.mark.cuda_memory(max="1G")
+def test_gpu(i):
+    pass
+""")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(["not measured: 5 tests (test_inner.py::test_gpu[0], ...) cuda: CUDA is not available"])
