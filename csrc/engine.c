@@ -16,7 +16,8 @@ Device_new(int slot)
     Spinlock_init(&d->lock);
     ScopeStack_init(&d->stack);
     d->reports_totals = slot != ENGINE_SLOT_CPU;
-    d->reserved = d->reports_totals ? 0 : -1;
+    atomic_init(&d->total, 0);
+    atomic_init(&d->reserved, d->reports_totals ? 0 : -1);
     return d;
 }
 
@@ -25,6 +26,7 @@ Device_free(Device *d)
 {
     if (d == NULL)
         return;
+    ScopeStack_fini(&d->stack);
     Ledger_fini(&d->ledger);
     free(d);
 }
@@ -39,6 +41,7 @@ Engine_new(void)
         atomic_init(&e->devices[i], NULL);
     atomic_init(&e->next_scope_id, 1);
     atomic_init(&e->recording, 0);
+    atomic_init(&e->site_fn, NULL);
     Spinlock_init(&e->record_lock);
     return e;
 }
@@ -66,20 +69,71 @@ Engine_slot(int device_type, int device_index)
     return -1;
 }
 
+void
+Engine_set_site_fn(Engine *self, SiteFn fn, void *ctx)
+{
+    self->site_ctx = ctx;
+    atomic_store(&self->site_fn, fn);
+}
+
+int64_t
+Engine_current_total(Engine *self, int slot)
+{
+    if (slot < 0 || slot >= ENGINE_MAX_DEVICES)
+        return 0;
+    Device *d = atomic_load_explicit(&self->devices[slot],
+                                     memory_order_acquire);
+    return d == NULL ? 0 : atomic_load_explicit(&d->total,
+                                                memory_order_relaxed);
+}
+
+/* Only the lock holder writes the total, so a load and a store suffice. */
+static inline void
+Device_add_total(Device *d, int64_t delta)
+{
+    atomic_store_explicit(&d->total,
+                          atomic_load_explicit(&d->total,
+                                               memory_order_relaxed) + delta,
+                          memory_order_relaxed);
+}
+
+static inline int64_t
+Device_total(Device *d)
+{
+    return atomic_load_explicit(&d->total, memory_order_relaxed);
+}
+
+static inline int64_t
+Device_reserved(Device *d)
+{
+    return atomic_load_explicit(&d->reserved, memory_order_relaxed);
+}
+
+int64_t
+Engine_current_reserved(Engine *self, int slot)
+{
+    if (slot < 0 || slot >= ENGINE_MAX_DEVICES)
+        return 0;
+    Device *d = atomic_load_explicit(&self->devices[slot],
+                                     memory_order_acquire);
+    return d == NULL ? 0 : Device_reserved(d);
+}
+
 /* A block we still hold came back from the allocator: its free happened on a
  * thread we do not hear from.  Retire it so the figures stay consistent. */
 static void
 Device_retire(Device *d, Block *b)
 {
     if (!d->reports_totals)
-        d->total -= b->size;
-    ScopeStack_on_resize(&d->stack, b->floor, b->scope, -b->size, 1, d->total,
-                         d->seq);
+        Device_add_total(d, -b->size);
+    ScopeStack_on_resize(&d->stack, b->floor, b->scope, b->site, -b->size, 1,
+                         Device_total(d), d->seq);
     d->missed_frees++;
 }
 
 static void
-Device_alloc(Device *d, uintptr_t addr, int64_t size, int source)
+Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
+             int source)
 {
     Scope *top = ScopeStack_top(&d->stack);
     if (top == NULL)
@@ -99,8 +153,8 @@ Device_alloc(Device *d, uintptr_t addr, int64_t size, int source)
             int64_t delta = size - b->size;
             b->size = size;
             b->flags &= ~BLOCK_ESTIMATED;
-            ScopeStack_on_resize(&d->stack, b->floor, b->scope, delta, 0,
-                                 d->total, d->seq);
+            ScopeStack_on_resize(&d->stack, b->floor, b->scope, b->site,
+                                 delta, 0, Device_total(d), d->seq);
             return;
         }
         Device_retire(d, b);
@@ -108,11 +162,14 @@ Device_alloc(Device *d, uintptr_t addr, int64_t size, int source)
     b->size = size;
     b->scope = top->id;
     b->floor = d->stack.floor;
-    b->site = 0;
     b->flags = source == EVENT_TRACE ? BLOCK_ESTIMATED : 0;
     if (!d->reports_totals || source == EVENT_TRACE)
-        d->total += size;
-    ScopeStack_on_alloc(&d->stack, size, d->total, d->seq);
+        Device_add_total(d, size);
+    SiteFn site_fn = atomic_load_explicit(&e->site_fn, memory_order_acquire);
+    b->site = site_fn == NULL ? 0
+                              : site_fn(e->site_ctx, slot, size,
+                                        Device_total(d), Device_reserved(d));
+    ScopeStack_on_alloc(&d->stack, size, b->site, Device_total(d), d->seq);
 }
 
 static void
@@ -122,9 +179,9 @@ Device_release(Device *d, uintptr_t addr, int source)
     if (d->ledger.count == 0 || !Ledger_remove(&d->ledger, addr, &old))
         return;
     if (!d->reports_totals || source == EVENT_TRACE)
-        d->total -= old.size;
-    ScopeStack_on_resize(&d->stack, old.floor, old.scope, -old.size, 1,
-                         d->total, d->seq);
+        Device_add_total(d, -old.size);
+    ScopeStack_on_resize(&d->stack, old.floor, old.scope, old.site, -old.size,
+                         1, Device_total(d), d->seq);
 }
 
 static void
@@ -160,15 +217,15 @@ Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
     d->seq++;
     d->events++;
     if (d->reports_totals && source == EVENT_REPORT) {
-        d->total = total;
-        d->reserved = reserved;
+        atomic_store_explicit(&d->total, total, memory_order_relaxed);
+        atomic_store_explicit(&d->reserved, reserved, memory_order_relaxed);
     }
     if (size > 0)
-        Device_alloc(d, addr, size, source);
+        Device_alloc(self, slot, d, addr, size, source);
     else
         Device_release(d, addr, source);
     if (d->stack.depth > 0)
-        ScopeStack_on_totals(&d->stack, d->total, d->reserved);
+        ScopeStack_on_totals(&d->stack, Device_total(d), Device_reserved(d));
     Spinlock_release(&d->lock);
 }
 
@@ -208,12 +265,13 @@ Engine_begin(Engine *self, int slot, int detached, int64_t total,
     Spinlock_acquire(&d->lock);
     if (d->reports_totals) {
         if (total >= 0)
-            d->total = total;
+            atomic_store(&d->total, total);
         if (reserved >= 0)
-            d->reserved = reserved;
+            atomic_store(&d->reserved, reserved);
     }
     *id = atomic_fetch_add(&self->next_scope_id, 1);
-    if (ScopeStack_push(&d->stack, *id, detached, d->total, d->reserved) < 0)
+    if (ScopeStack_push(&d->stack, *id, detached, Device_total(d),
+                        Device_reserved(d)) < 0)
         goto error;
     ret = 0;
 error:
@@ -236,7 +294,7 @@ Engine_end(Engine *self, int slot, uint32_t id, Scope *out)
          * followed reliably (CPU reporting stops), so forget them. */
         Ledger_clear(&d->ledger);
         if (!d->reports_totals)
-            d->total = 0;
+            atomic_store(&d->total, 0);
     }
     ret = 0;
 error:
@@ -256,6 +314,7 @@ Engine_stats(Engine *self, int slot, uint32_t id, Scope *out)
     if (s == NULL)
         goto error;
     *out = *s;
+    memset(&out->sites, 0, sizeof(out->sites));  /* not the caller's */
     ret = 0;
 error:
     Spinlock_release(&d->lock);
@@ -269,8 +328,8 @@ Engine_totals(Engine *self, int slot, int64_t *total, int64_t *reserved)
     if (d == NULL)
         return -1;
     Spinlock_acquire(&d->lock);
-    *total = d->total;
-    *reserved = d->reserved;
+    *total = Device_total(d);
+    *reserved = Device_reserved(d);
     Spinlock_release(&d->lock);
     return 0;
 }

@@ -42,13 +42,20 @@ typedef struct Event {
     int32_t source;
 } Event;
 
+/* Where an allocation comes from: the tracer interns the allocating thread's
+ * user call chain and returns its site id (0: unknown).  Called on the event
+ * path under the device's lock; it must not call into Python. */
+typedef uint32_t (*SiteFn)(void *ctx, int slot, int64_t size, int64_t total,
+                           int64_t reserved);
+
 typedef struct Device {
     Spinlock lock;
     Ledger ledger;
     ScopeStack stack;
     int reports_totals; /* CUDA: the allocator's totals are the truth */
-    int64_t total;      /* CPU: bytes of the ledger's blocks */
-    int64_t reserved;   /* -1 when the device has no reserved pool */
+    /* Written under the lock; read without it by the tracer (line peaks). */
+    _Atomic int64_t total;  /* CPU: bytes of the ledger's blocks */
+    _Atomic int64_t reserved;   /* -1 when the device has no reserved pool */
     uint64_t seq;
     uint64_t events;
     uint64_t dropped;
@@ -64,6 +71,8 @@ typedef struct Engine {
     size_t record_len;
     size_t record_cap;
     atomic_int recording;
+    _Atomic(SiteFn) site_fn;
+    void *site_ctx;
 } Engine;
 
 Engine *Engine_new(void);
@@ -76,11 +85,19 @@ void Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
 void Engine_sink(void *ctx, int device_type, int device_index, void *ptr,
                  int64_t size, uint64_t total, uint64_t reserved, int source);
 
+void Engine_set_site_fn(Engine *self, SiteFn fn, void *ctx);
+/* The device's total and reserved bytes now, without its lock (0 if never
+ * used). */
+int64_t Engine_current_total(Engine *self, int slot);
+int64_t Engine_current_reserved(Engine *self, int slot);
+
 /* Opens a scope on a device.  total and reserved are the device's figures
  * now (ignored when negative, and for devices that do not report totals). */
 int Engine_begin(Engine *self, int slot, int detached, int64_t total,
                  int64_t reserved, uint32_t *id);
+/* Closes a scope; *out owns its site tables (Scope_fini). */
 int Engine_end(Engine *self, int slot, uint32_t id, Scope *out);
+/* Figures of an open scope so far, without its site tables. */
 int Engine_stats(Engine *self, int slot, uint32_t id, Scope *out);
 int Engine_totals(Engine *self, int slot, int64_t *total, int64_t *reserved);
 /* Copies up to cap blocks that count for open scope id; returns how many

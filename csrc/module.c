@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "engine.h"
+#include "tracer.h"
 
 static Engine *the_engine = NULL;
 
@@ -57,6 +58,58 @@ scope_to_dict(const Scope *s)
     return d;
 error:
     Py_XDECREF(reserved);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+/* (site, bytes) pairs of the sites whose figure is not zero. */
+static PyObject *
+sites_to_list(const SiteStats *st, int at_peak)
+{
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    for (uint32_t i = 0; i < st->cap; i++) {
+        int64_t v = at_peak ? st->cells[i].at_peak : st->cells[i].live;
+        if (v == 0)
+            continue;
+        PyObject *t = Py_BuildValue("(IL)", i, (long long)v);
+        if (t == NULL || PyList_Append(list, t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(t);
+    }
+    return list;
+}
+
+/* The figures of a closed scope, its site tables included. */
+static PyObject *
+closed_scope_to_dict(const Scope *s)
+{
+    PyObject *d = scope_to_dict(s);
+    PyObject *at_peak = NULL, *live = NULL, *site = NULL;
+    if (d == NULL)
+        goto error;
+    if ((at_peak = sites_to_list(&s->sites, 1)) == NULL
+        || (live = sites_to_list(&s->sites, 0)) == NULL
+        || (site = PyLong_FromUnsignedLong(s->peak_site)) == NULL)
+        goto error;
+    if (PyDict_SetItemString(d, "at_peak", at_peak) < 0
+        || PyDict_SetItemString(d, "live_sites", live) < 0
+        || PyDict_SetItemString(d, "peak_site", site) < 0
+        || PyDict_SetItemString(d, "sites_complete",
+                                s->sites.oom ? Py_False : Py_True) < 0)
+        goto error;
+    Py_DECREF(at_peak);
+    Py_DECREF(live);
+    Py_DECREF(site);
+    return d;
+error:
+    Py_XDECREF(at_peak);
+    Py_XDECREF(live);
+    Py_XDECREF(site);
     Py_XDECREF(d);
     return NULL;
 }
@@ -131,9 +184,11 @@ engine_end(PyObject *Py_UNUSED(module), PyObject *args)
                      "slot %d", id, slot);
         return NULL;
     }
-    if (raise_engine_error(slot) < 0)
-        return NULL;
-    return scope_to_dict(&s);
+    PyObject *result = NULL;
+    if (raise_engine_error(slot) == 0)
+        result = closed_scope_to_dict(&s);
+    Scope_fini(&s);
+    return result;
 }
 
 static PyObject *
@@ -293,6 +348,64 @@ error:
     return result;
 }
 
+static PyObject *
+tracer_start(PyObject *Py_UNUSED(module), PyObject *decide)
+{
+    if (!PyCallable_Check(decide)) {
+        PyErr_SetString(PyExc_TypeError, "tracer_start(decide): decide must be callable");
+        return NULL;
+    }
+    return Tracer_start(decide);
+}
+
+static PyObject *
+tracer_stop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return Tracer_stop();
+}
+
+static PyObject *
+tracer_redecide(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return Tracer_redecide();
+}
+
+static PyObject *
+tracer_line_stats(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return Tracer_line_stats();
+}
+
+static PyObject *
+tracer_reset_lines(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return Tracer_reset_lines();
+}
+
+static PyObject *
+tracer_status(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return Tracer_status();
+}
+
+static PyObject *
+engine_site(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    unsigned long site = PyLong_AsUnsignedLong(arg);
+    if (site == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    return Tracer_site((uint32_t)site);
+}
+
+static PyObject *
+engine_line(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    unsigned long line = PyLong_AsUnsignedLong(arg);
+    if (line == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    return Tracer_line((uint32_t)line);
+}
+
 static PyMethodDef engine_methods[] = {
     {"sink", engine_sink, METH_NOARGS,
      "sink() -> (function address, context address) for the torch bridge."},
@@ -319,6 +432,34 @@ static PyMethodDef engine_methods[] = {
      "record_stop() -> bytes of the recorded events."},
     {"replay", engine_replay, METH_VARARGS,
      "replay(events, repeat=1) -> number of events delivered."},
+    {"tracer_start", tracer_start, METH_O,
+     "tracer_start(decide): trace user frames; decide(code) -> in scope."},
+    {"tracer_stop", tracer_stop, METH_NOARGS,
+     "tracer_stop(): stop tracing; raises what a callback could not."},
+    {"tracer_redecide", tracer_redecide, METH_NOARGS,
+     "tracer_redecide(): decide every code object's scope again."},
+    {"tracer_line_stats", tracer_line_stats, METH_NOARGS,
+     "tracer_line_stats() -> [(line_id, code, lineno, hits, alloc[4], "
+     "peak[4], peak_reserved[4], last_total[4])], per device slot 0..3."},
+    {"tracer_reset_lines", tracer_reset_lines, METH_NOARGS,
+     "tracer_reset_lines(): zero every line's statistics."},
+    {"tracer_status", tracer_status, METH_NOARGS,
+     "tracer_status() -> how the tracer runs and what it holds."},
+    {"site", engine_site, METH_O,
+     "site(id) -> [(code, lineno)], the call chain, innermost first."},
+    {"line", engine_line, METH_O, "line(id) -> (code, lineno)."},
+    {"_mon_start", (PyCFunction)(void (*)(void))Tracer_mon_start,
+     METH_FASTCALL, NULL},
+    {"_mon_resume", (PyCFunction)(void (*)(void))Tracer_mon_resume,
+     METH_FASTCALL, NULL},
+    {"_mon_leave", (PyCFunction)(void (*)(void))Tracer_mon_leave,
+     METH_FASTCALL, NULL},
+    {"_mon_unwind", (PyCFunction)(void (*)(void))Tracer_mon_unwind,
+     METH_FASTCALL, NULL},
+    {"_mon_throw", (PyCFunction)(void (*)(void))Tracer_mon_throw,
+     METH_FASTCALL, NULL},
+    {"_mon_line", (PyCFunction)(void (*)(void))Tracer_mon_line,
+     METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -332,6 +473,8 @@ engine_exec(PyObject *module)
             return -1;
         }
     }
+    if (Tracer_init(module, the_engine) < 0)
+        return -1;
     if (PyModule_AddIntConstant(module, "EVENT_REPORT", EVENT_REPORT) < 0
         || PyModule_AddIntConstant(module, "EVENT_TRACE", EVENT_TRACE) < 0
         || PyModule_AddIntConstant(module, "SLOT_CPU", ENGINE_SLOT_CPU) < 0
@@ -339,7 +482,9 @@ engine_exec(PyObject *module)
                                    ENGINE_MAX_DEVICES) < 0
         || PyModule_AddIntConstant(module, "MAX_DEPTH", SCOPE_MAX_DEPTH) < 0
         || PyModule_AddIntConstant(module, "EVENT_SIZE",
-                                   (long)sizeof(Event)) < 0)
+                                   (long)sizeof(Event)) < 0
+        || PyModule_AddIntConstant(module, "LINE_SLOTS", LINE_SLOTS) < 0
+        || PyModule_AddIntConstant(module, "SITE_CHAIN", SITE_CHAIN) < 0)
         return -1;
     return 0;
 }

@@ -1,6 +1,73 @@
 #include "scope.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+void
+Scope_fini(Scope *self)
+{
+    free(self->sites.cells);
+    free(self->sites.dirty_list);
+    memset(&self->sites, 0, sizeof(self->sites));
+}
+
+void
+ScopeStack_fini(ScopeStack *self)
+{
+    for (int i = 0; i < self->depth; i++)
+        Scope_fini(&self->scopes[i]);
+    self->depth = 0;
+}
+
+/* Grows the tables to hold site; called on the event path, so a failure
+ * only marks the figures incomplete. */
+static int
+SiteStats_reserve(SiteStats *st, uint32_t site)
+{
+    if (site < st->cap)
+        return 0;
+    uint32_t cap = st->cap ? st->cap : 64;
+    while (cap <= site)
+        cap *= 2;
+    SiteCell *cells = realloc(st->cells, cap * sizeof(SiteCell));
+    if (cells == NULL)
+        return -1;
+    memset(cells + st->cap, 0, (cap - st->cap) * sizeof(SiteCell));
+    st->cells = cells;
+    uint32_t *list = realloc(st->dirty_list, cap * sizeof(uint32_t));
+    if (list == NULL)
+        return -1;      /* cells grew; cap stays, so this retries next time */
+    st->dirty_list = list;
+    st->cap = cap;
+    return 0;
+}
+
+static inline void
+SiteStats_add(SiteStats *st, uint32_t site, int64_t delta)
+{
+    if (SiteStats_reserve(st, site) < 0) {
+        st->oom = 1;
+        return;
+    }
+    SiteCell *c = &st->cells[site];
+    c->live += delta;
+    if (c->dirty != st->epoch + 1) {
+        c->dirty = st->epoch + 1;
+        st->dirty_list[st->ndirty++] = site;
+    }
+}
+
+/* The scope reached a new peak: the live figures are the peak's now. */
+static inline void
+SiteStats_snapshot(SiteStats *st)
+{
+    for (uint32_t i = 0; i < st->ndirty; i++) {
+        SiteCell *c = &st->cells[st->dirty_list[i]];
+        c->at_peak = c->live;
+    }
+    st->ndirty = 0;
+    st->epoch++;
+}
 
 void
 ScopeStack_init(ScopeStack *self)
@@ -47,6 +114,8 @@ ScopeStack_pop(ScopeStack *self, uint32_t id, Scope *out)
     self->depth--;
     if (out != NULL)
         *out = self->scopes[self->depth];
+    else
+        Scope_fini(&self->scopes[self->depth]);
     ScopeStack_refloor(self);
     return 0;
 }
@@ -62,25 +131,29 @@ ScopeStack_find(ScopeStack *self, uint32_t id)
 }
 
 static inline void
-Scope_grow(Scope *s, int64_t delta, int64_t total, uint64_t seq)
+Scope_grow(Scope *s, uint32_t site, int64_t delta, int64_t total,
+           uint64_t seq)
 {
     s->own += delta;
+    SiteStats_add(&s->sites, site, delta);
     if (s->own > s->peak) {
         s->peak = s->own;
         s->total_at_peak = total;
         s->seq_at_peak = seq;
+        s->peak_site = site;
+        SiteStats_snapshot(&s->sites);
     }
 }
 
 void
-ScopeStack_on_alloc(ScopeStack *self, int64_t size, int64_t total,
-                    uint64_t seq)
+ScopeStack_on_alloc(ScopeStack *self, int64_t size, uint32_t site,
+                    int64_t total, uint64_t seq)
 {
     for (int i = self->depth - 1; i >= 0; i--) {
         Scope *s = &self->scopes[i];
         if (s->id < self->floor)
             break;
-        Scope_grow(s, size, total, seq);
+        Scope_grow(s, site, size, total, seq);
         s->allocs++;
         s->allocated_bytes += size;
     }
@@ -88,7 +161,8 @@ ScopeStack_on_alloc(ScopeStack *self, int64_t size, int64_t total,
 
 void
 ScopeStack_on_resize(ScopeStack *self, uint32_t floor, uint32_t scope,
-                     int64_t delta, int is_free, int64_t total, uint64_t seq)
+                     uint32_t site, int64_t delta, int is_free,
+                     int64_t total, uint64_t seq)
 {
     for (int i = self->depth - 1; i >= 0; i--) {
         Scope *s = &self->scopes[i];
@@ -96,7 +170,7 @@ ScopeStack_on_resize(ScopeStack *self, uint32_t floor, uint32_t scope,
             continue;
         if (s->id < floor)
             break;
-        Scope_grow(s, delta, total, seq);
+        Scope_grow(s, site, delta, total, seq);
         if (is_free)
             s->frees++;
     }

@@ -12,6 +12,25 @@
 
 #define SCOPE_MAX_DEPTH 32
 
+/* Own live bytes of one allocation site, now and at the scope's peak. */
+typedef struct SiteCell {
+    int64_t live;
+    int64_t at_peak;
+    uint64_t dirty;     /* == SiteStats.epoch: changed since the last peak */
+} SiteCell;
+
+/* Per-site accounting of a scope, indexed by site id (0: unknown).  The
+ * snapshot at the peak is kept amortised O(1): a new peak copies only the
+ * sites that changed since the previous one (the dirty list). */
+typedef struct SiteStats {
+    SiteCell *cells;
+    uint32_t *dirty_list;
+    uint32_t cap;
+    uint32_t ndirty;
+    uint64_t epoch;
+    int oom;            /* a table could not grow: site figures incomplete */
+} SiteStats;
+
 typedef struct Scope {
     uint32_t id;
     int detached;           /* its blocks do not count for enclosing scopes */
@@ -25,7 +44,12 @@ typedef struct Scope {
     uint64_t allocs;
     uint64_t frees;
     int64_t allocated_bytes;
+    uint32_t peak_site;     /* site whose allocation reached the own peak */
+    SiteStats sites;        /* owned; Scope_fini frees it */
 } Scope;
+
+/* Frees what a popped scope owns (its site tables). */
+void Scope_fini(Scope *self);
 
 typedef struct ScopeStack {
     Scope scopes[SCOPE_MAX_DEPTH];
@@ -37,8 +61,11 @@ void ScopeStack_init(ScopeStack *self);
 /* -1 when the stack is full. */
 int ScopeStack_push(ScopeStack *self, uint32_t id, int detached,
                     int64_t total, int64_t reserved);
-/* -1 when id is not the innermost scope. */
+/* -1 when id is not the innermost scope.  *out takes ownership of the
+ * scope's site tables (Scope_fini); with out NULL they are freed. */
 int ScopeStack_pop(ScopeStack *self, uint32_t id, Scope *out);
+/* Frees every open scope's tables (engine teardown). */
+void ScopeStack_fini(ScopeStack *self);
 Scope *ScopeStack_find(ScopeStack *self, uint32_t id);
 static inline Scope *
 ScopeStack_top(ScopeStack *self)
@@ -46,13 +73,13 @@ ScopeStack_top(ScopeStack *self)
     return self->depth > 0 ? &self->scopes[self->depth - 1] : 0;
 }
 /* A block of `size` bytes was allocated in the innermost scope. */
-void ScopeStack_on_alloc(ScopeStack *self, int64_t size, int64_t total,
-                         uint64_t seq);
+void ScopeStack_on_alloc(ScopeStack *self, int64_t size, uint32_t site,
+                         int64_t total, uint64_t seq);
 /* A block that counted for [floor, scope] changed by delta bytes: freed
  * (is_free, delta = -size) or its estimated size corrected. */
 void ScopeStack_on_resize(ScopeStack *self, uint32_t floor, uint32_t scope,
-                          int64_t delta, int is_free, int64_t total,
-                          uint64_t seq);
+                          uint32_t site, int64_t delta, int is_free,
+                          int64_t total, uint64_t seq);
 /* The device's totals moved without an allocation of ours (another block). */
 void ScopeStack_on_totals(ScopeStack *self, int64_t total, int64_t reserved);
 

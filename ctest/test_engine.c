@@ -43,6 +43,7 @@ test_peak_of_32_and_16_mib_is_48(void **state)
     Engine_event(e, CPU, 0x1000, -32 * MiB, 0, 0, EVENT_REPORT);
     Engine_event(e, CPU, 0x2000, -16 * MiB, 0, 0, EVENT_REPORT);
     assert_int_equal(Engine_end(e, CPU, id, &s), 0);
+    Scope_fini(&s);
     assert_int_equal(s.peak, 48 * MiB);
     assert_int_equal(s.own, 0);
     assert_int_equal(s.peak_total, 48 * MiB);
@@ -59,12 +60,14 @@ test_nesting_and_detached(void **state)
     assert_int_equal(Engine_begin(e, CUDA0, 1, -1, -1, &fixture), 0);
     Engine_event(e, CUDA0, 0xA00, 50, 150, 1000, EVENT_REPORT);
     assert_int_equal(Engine_end(e, CUDA0, fixture, &s), 0);
+    Scope_fini(&s);
     assert_int_equal(s.peak, 50);
     assert_int_equal(Engine_begin(e, CUDA0, 0, -1, -1, &region), 0);
     Engine_event(e, CUDA0, 0xB00, 30, 180, 1024, EVENT_REPORT);
     /* out of order: the inner scope must close first */
     assert_int_equal(Engine_end(e, CUDA0, test, &s), -1);
     assert_int_equal(Engine_end(e, CUDA0, region, &s), 0);
+    Scope_fini(&s);
     assert_int_equal(s.peak, 30);
     assert_int_equal(s.peak_total, 180);
     assert_int_equal(s.reserved_peak, 1024);
@@ -73,6 +76,7 @@ test_nesting_and_detached(void **state)
     assert_int_equal(Engine_blocks(e, CUDA0, test, blocks, 4), 1);
     assert_int_equal(blocks[0].addr, 0xB00);
     assert_int_equal(Engine_end(e, CUDA0, test, &s), 0);
+    Scope_fini(&s);
     assert_int_equal(s.peak, 30);      /* the fixture's 50 is not the test's */
     assert_int_equal(s.own, 30);
     assert_int_equal(s.start_total, 100);
@@ -97,6 +101,7 @@ test_trace_and_report_merge(void **state)
     Engine_event(e, CUDA0, 0xC00, -1024, 0, 2048, EVENT_REPORT);
     Engine_event(e, CUDA0, 0xC00, -1, 0, 0, EVENT_TRACE);
     assert_int_equal(Engine_end(e, CUDA0, id, &s), 0);
+    Scope_fini(&s);
     assert_int_equal(s.peak, 1536);
     assert_int_equal(s.own, 0);
     assert_int_equal(s.allocs, 2);
@@ -153,6 +158,7 @@ test_threads(void **state)
     for (int t = 0; t < THREADS; t++)
         pthread_join(threads[t], NULL);
     assert_int_equal(Engine_end(e, CPU, id, &s), 0);
+    Scope_fini(&s);
     assert_int_equal(s.own, 0);
     assert_int_equal(s.allocs, THREADS * 2000 * 64);
     assert_int_equal(s.frees, THREADS * 2000 * 64);
@@ -200,9 +206,11 @@ replay_file(Engine *e, const char *path)
     assert_int_equal(Engine_begin(e, slot, 0, ev[0].total, ev[0].reserved, &id), 0);
     Engine_replay(e, ev, n);
     assert_int_equal(Engine_end(e, slot, id, &first), 0);
+    Scope_fini(&first);
     assert_int_equal(Engine_begin(e, slot, 0, ev[0].total, ev[0].reserved, &id), 0);
     Engine_replay(e, ev, n);
     assert_int_equal(Engine_end(e, slot, id, &again), 0);
+    Scope_fini(&again);
     assert_true(first.peak > 0);
     assert_int_equal(first.peak, again.peak);
     assert_int_equal(first.own, again.own);

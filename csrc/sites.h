@@ -1,0 +1,89 @@
+/* Lines and sites: the vocabulary of attribution.
+ *
+ * A line is (code id, line number), interned by the tracer when a traced
+ * frame reaches it; it carries the per-line statistics (hits, bytes
+ * allocated, the peak device totals while it ran).  A site is a user call
+ * chain of up to SITE_CHAIN lines, innermost first, interned on the
+ * allocator's path when a block is allocated.
+ *
+ * Both tables are append-only and chunked: a record never moves once
+ * published, so the allocator path reads lines and sites without the GIL
+ * and without a lock.  Lines are interned only under the GIL; sites from any
+ * thread, under the site table's spinlock.
+ */
+#ifndef MEMLAB_SITES_H
+#define MEMLAB_SITES_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "spinlock.h"
+
+#define SITE_CHAIN 8
+#define LINE_SLOTS 4            /* devices with per-line figures: cpu, cuda:0..2 */
+#define TABLE_CHUNK_BITS 12
+#define TABLE_CHUNK (1u << TABLE_CHUNK_BITS)
+#define TABLE_MAX_CHUNKS 4096   /* 16M records */
+
+typedef struct LineRec {
+    uint32_t code;
+    int32_t lineno;
+    _Atomic uint64_t hits;
+    _Atomic int64_t alloc[LINE_SLOTS];      /* bytes allocated by the line */
+    _Atomic int64_t peak[LINE_SLOTS];       /* highest total while it ran */
+    _Atomic int64_t peak_reserved[LINE_SLOTS];
+    _Atomic int64_t last_total[LINE_SLOTS]; /* total when it last finished */
+} LineRec;
+
+typedef struct LineTable {
+    LineRec *chunks[TABLE_MAX_CHUNKS];
+    atomic_uint count;          /* ids 1..count are published */
+    uint64_t *keys;             /* (code << 32 | lineno) -> id map, GIL only */
+    uint32_t *vals;
+    uint32_t mask;
+} LineTable;
+
+typedef struct SiteRec {
+    uint32_t n;
+    uint32_t lines[SITE_CHAIN];
+} SiteRec;
+
+typedef struct SiteTable {
+    Spinlock lock;
+    SiteRec *chunks[TABLE_MAX_CHUNKS];
+    atomic_uint count;          /* ids 1..count are published */
+    uint32_t *index;            /* open addressing over site ids, 0 empty */
+    uint32_t mask;
+} SiteTable;
+
+int LineTable_init(LineTable *self);
+void LineTable_fini(LineTable *self);
+/* 0 when out of memory. */
+uint32_t LineTable_intern(LineTable *self, uint32_t code, int32_t lineno);
+static inline LineRec *
+LineTable_get(LineTable *self, uint32_t id)
+{
+    if (id == 0 || id > atomic_load_explicit(&self->count,
+                                             memory_order_acquire))
+        return 0;
+    id--;
+    return &self->chunks[id >> TABLE_CHUNK_BITS][id & (TABLE_CHUNK - 1)];
+}
+/* Zeroes every line's statistics (not the lines themselves). */
+void LineTable_reset(LineTable *self);
+
+int SiteTable_init(SiteTable *self);
+void SiteTable_fini(SiteTable *self);
+/* Interns a chain (innermost first); 0 when n is 0 or out of memory. */
+uint32_t SiteTable_intern(SiteTable *self, const uint32_t *lines, uint32_t n);
+static inline const SiteRec *
+SiteTable_get(SiteTable *self, uint32_t id)
+{
+    if (id == 0 || id > atomic_load_explicit(&self->count,
+                                             memory_order_acquire))
+        return 0;
+    id--;
+    return &self->chunks[id >> TABLE_CHUNK_BITS][id & (TABLE_CHUNK - 1)];
+}
+
+#endif

@@ -1,0 +1,45 @@
+/* The tracer: keeps, per thread, the stack of user frames (those in scope)
+ * with the line each is on, where the engine's site function can read it
+ * without touching Python objects.
+ *
+ * Python >= 3.12 feeds it through sys.monitoring: PY_START on globally,
+ * scope decided once per code object, DISABLE for code out of scope, LINE
+ * and the return/yield/resume events only for code in scope.  Before 3.12 it
+ * is a PyEval_SetTrace function on the measuring thread, with line events
+ * turned off in frames out of scope.
+ *
+ * Callbacks never raise into user code: an error (a scope decision that
+ * raised, say) is stored and raised by the next tracer API call.
+ */
+#ifndef MEMLAB_TRACER_H
+#define MEMLAB_TRACER_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "engine.h"
+#include "sites.h"
+
+#define TRACER_STACK 128
+
+int Tracer_init(PyObject *module, Engine *engine);
+/* decide(code) -> bool, called once per code object (per decide). */
+PyObject *Tracer_start(PyObject *decide);
+PyObject *Tracer_stop(void);
+/* Forget scope decisions (the rules changed): re-decide every code. */
+PyObject *Tracer_redecide(void);
+PyObject *Tracer_line_stats(void);
+PyObject *Tracer_reset_lines(void);
+PyObject *Tracer_site(uint32_t site);
+PyObject *Tracer_line(uint32_t line);
+PyObject *Tracer_status(void);
+
+/* sys.monitoring callbacks (module methods, METH_FASTCALL). */
+PyObject *Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n);
+PyObject *Tracer_mon_resume(PyObject *m, PyObject *const *args, Py_ssize_t n);
+PyObject *Tracer_mon_leave(PyObject *m, PyObject *const *args, Py_ssize_t n);
+PyObject *Tracer_mon_unwind(PyObject *m, PyObject *const *args, Py_ssize_t n);
+PyObject *Tracer_mon_throw(PyObject *m, PyObject *const *args, Py_ssize_t n);
+PyObject *Tracer_mon_line(PyObject *m, PyObject *const *args, Py_ssize_t n);
+
+#endif
