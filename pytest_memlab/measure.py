@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ._core import BRIDGE, COUNTERS, Core, engine
+from .attribution import Attribution, LineStat, line_stats, tracing
 from .sizes import format_size, parse_size
 
 
@@ -33,6 +34,8 @@ class DeviceFigures:
     allocs: int | None = None
     frees: int | None = None
     estimated: bool = False          # own figures estimated from counters
+    attribution: Attribution | None = None   # where the own peak came from
+    lines: list[LineStat] = field(default_factory=list)
 
     def as_properties(self, prefix: str = "memlab") -> list[tuple[str, object]]:
         if not self.measured:
@@ -102,9 +105,12 @@ class EngineMeter:
 
     def end(self) -> DeviceFigures:
         try:
-            return self._figures(engine.end(self.slot, self.scope_id))
+            raw = engine.end(self.slot, self.scope_id)
         finally:
             self._release()
+        figures = self._figures(raw)
+        figures.attribution = Attribution.from_scope(raw)
+        return figures
 
 
 class CounterMeter:
@@ -203,8 +209,11 @@ class Measurement:
     takes any measured device.
     """
 
-    def __init__(self, core: Core, devices: list[str]):
+    def __init__(self, core: Core, devices: list[str], trace: bool = True):
         self.core = core
+        self.trace = trace and core.name == BRIDGE
+        self.traced = False
+        self.trace_note = ""
         self.meters = {}
         self.unmeasured: dict[str, str] = {}
         self.resolved: dict[str, str] = {}  # requested ("cuda") -> concrete
@@ -232,6 +241,12 @@ class Measurement:
             for meter in reversed(started):
                 meter.end()
             raise
+        if self.trace and self.meters:
+            self.traced = tracing.acquire(paths=True)
+            if self.traced:
+                engine.tracer_reset_lines()
+            else:
+                self.trace_note = tracing.off_reason
 
     def end(self) -> dict[str, DeviceFigures]:
         figures: dict[str, DeviceFigures] = {}
@@ -242,6 +257,15 @@ class Measurement:
             except Exception as exc:  # keep closing the others
                 error = error or exc
                 figures[device] = DeviceFigures(device, False, reason=f"measurement failed: {exc}")
+        if self.traced:
+            self.traced = False
+            try:
+                tracing.release(paths=True)
+            except Exception as exc:  # a scope decision raised: say so
+                error = error or exc
+            for device, fig in figures.items():
+                if fig.measured:
+                    fig.lines = line_stats(_slot(device))
         for device, reason in self.unmeasured.items():
             figures[device] = DeviceFigures(device, False, reason=reason)
         self.final = {d: figures[d] for d in self.devices}
@@ -317,7 +341,7 @@ class Measurement:
             region.figures = meter.end()
         if region.figures.peak is not None and region.figures.peak > budget:
             raise MemoryBudgetExceeded(
-                budget_failure(device, "peak", region.figures.peak, "limit", budget, region.figures)
+                budget_failure(device, "peak", region.figures.peak, "limit", budget, region.figures, top=5)
             )
 
 
@@ -328,10 +352,14 @@ class Region:
     figures: DeviceFigures | None = None
 
 
-def budget_failure(device: str, what: str, value: int, name: str, budget: int, figures: DeviceFigures) -> str:
-    """The first lines of a failure: the figure, the budget and the excess."""
-    line = f"{device} {what} {format_size(value)} exceeds {name} {format_size(budget)} by {format_size(value - budget)}"
-    line += f"\n  exactly {value} B against {budget} B"
+def budget_failure(device: str, what: str, value: int, name: str, budget: int, figures: DeviceFigures,
+                   top: int = 5) -> str:
+    """A failure, shortest first: the figure, the budget and the excess; then
+    where the own peak was reached and what was live then, by site."""
+    lines = [f"{device} {what} {format_size(value)} exceeds {name} {format_size(budget)} by {format_size(value - budget)}"]
+    if figures.attribution is not None and figures.peak:
+        lines += figures.attribution.describe(figures.peak, top)
+    lines.append(f"  exactly {value} B against {budget} B")
     if figures.estimated:
-        line += f"\n  ({figures.reason})"
-    return line
+        lines.append(f"  ({figures.reason})")
+    return "\n".join(lines)

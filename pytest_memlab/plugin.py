@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 from _pytest.runner import runtestprotocol
 
+from .attribution import tracing
 from .markers import MARKERS, MarkerError, MemorySpec, specs_for
 from .measure import DeviceFigures, Measurement, budget_failure, make_meter
 from .sizes import format_size
@@ -42,6 +43,16 @@ def _report_spec(value: str) -> tuple[str, ...]:
     return parts
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
+    return n
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("memlab", "memory budgets and measurement (pytest-memlab)")
     group.addoption(
@@ -56,7 +67,18 @@ def pytest_addoption(parser):
         "--memlab-require-cuda", action="store_true", default=None,
         help="a cuda_memory test that cannot be measured (no CUDA) fails (ini: memlab_require_cuda)",
     )
+    group.addoption(
+        "--memlab-top", type=_positive_int, default=None, metavar="N",
+        help="lines and tensors shown per test in failures and reports (default 5) (ini: memlab_top)",
+    )
+    group.addoption(
+        "--memlab-include", action="append", default=None, metavar="GLOB",
+        help="files whose lines get attributed (repeatable; default: files under rootdir outside "
+             "site-packages and the stdlib) (ini: memlab_include)",
+    )
     parser.addini("memlab", type="bool", default=False, help="measure every test, marked or not")
+    parser.addini("memlab_top", default="5", help="as --memlab-top")
+    parser.addini("memlab_include", type="linelist", default=[], help="as --memlab-include")
     parser.addini("memlab_report", default="", help="report spec, as --memlab-report")
     parser.addini("memlab_require_cuda", type="bool", default=False, help="as --memlab-require-cuda")
 
@@ -141,6 +163,14 @@ class MemlabPlugin:
         self.report = report
         self.measure_all = bool(_option(config, "memlab", "memlab")) or bool(report)
         self.require_cuda = bool(_option(config, "memlab_require_cuda", "memlab_require_cuda"))
+        top = _option(config, "memlab_top", "memlab_top")
+        try:
+            self.top = _positive_int(str(top))
+        except argparse.ArgumentTypeError as exc:
+            raise pytest.UsageError(f"ini memlab_top: {exc}") from None
+        include = config.getoption("memlab_include") or config.getini("memlab_include")
+        tracing.scope.configure(config.rootpath, tuple(include))
+        self.trace_notes: set[str] = set()
         self.current: Measurement | None = None
         self.results: dict[str, TestResult] = {}
         self.backend = ""
@@ -238,7 +268,11 @@ class MemlabPlugin:
                       ("reserved peak", fig.reserved_peak, "max_reserved", spec.max_reserved))
             for what, value, name, budget in checks:
                 if budget is not None and value is not None and value > budget:
-                    failures.append(budget_failure(device, what, value, name, budget, fig))
+                    failures.append(budget_failure(device, what, value, name, budget, fig, self.top))
+        if measurement is not None and measurement.trace_note:
+            self.trace_notes.add(measurement.trace_note)
+            if failures:
+                failures.append(f"(line attribution: {measurement.trace_note})")
         call = next((r for r in reports if r.when == "call"), None)
         for report in reports:
             if report.when in ("call", "teardown"):
@@ -305,6 +339,8 @@ class MemlabPlugin:
         if self.backend:
             summary += f" (backend {self.backend})"
         tr.write_line(summary)
+        for note in sorted(self.trace_notes):
+            tr.write_line(f"line attribution off: {note}")
         by_reason: dict[str, list[str]] = {}
         for r, d in unmeasured:
             by_reason.setdefault(f"{d.device}: {d.reason}", []).append(r.nodeid)
