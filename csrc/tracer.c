@@ -268,19 +268,20 @@ thread_pop(TThread *t, uint32_t code_id)
         thread_unwind_to(t, i);
 }
 
-static void
+/* Returns 0 when the line belongs to a frame the tracer never saw start
+ * (it was running before tracing began): such frames stay untraced, on
+ * every Python, so both event sources agree. */
+static int
 thread_line(TThread *t, uint32_t code_id, int lineno)
 {
     if (t->overflow > 0)
-        return;
+        return 1;
     int d = atomic_load_explicit(&t->depth, memory_order_relaxed);
     if (d == 0 || t->frames[d - 1].code != code_id) {
         int i = thread_find(t, code_id);
-        if (i < 0) {
-            thread_push(t, code_id, lineno);
-            return;
-        }
-        thread_unwind_to(t, i + 1);
+        if (i < 0)
+            return 0;
+        thread_unwind_to(t, i + 1);   /* returns we missed */
         d = i + 1;
     }
     TFrame *f = &t->frames[d - 1];
@@ -288,6 +289,7 @@ thread_line(TThread *t, uint32_t code_id, int lineno)
     f->lineno = lineno;
     f->line = LineTable_intern(&T.lines, code_id, lineno);
     line_begin(f);
+    return 1;
 }
 
 /* The engine's site function: on the allocator's path, any thread, no GIL.
@@ -529,7 +531,7 @@ Tracer_mon_line(PyObject *m, PyObject *const *args, Py_ssize_t n)
     else if (ci != NULL && ci->in_scope) {
         TThread *t = thread_get();
         if (t != NULL)
-            thread_line(t, ci->code_id, lineno);
+            (void)thread_line(t, ci->code_id, lineno);
     }
     MON_LEAVE(Py_None);
 }
@@ -600,19 +602,22 @@ trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     in_callback = 1;
     PyCodeObject *code = PyFrame_GetCode(frame);
     CodeInfo *ci = code_info((PyObject *)code);
+    int lines_off = ci != NULL && !ci->in_scope && what != PyTrace_RETURN;
     if (ci != NULL && ci->in_scope) {
         TThread *t = thread_get();
         if (t != NULL) {
             if (what == PyTrace_CALL)
                 thread_push(t, ci->code_id, PyFrame_GetLineNumber(frame));
             else if (what == PyTrace_LINE)
-                thread_line(t, ci->code_id, PyFrame_GetLineNumber(frame));
+                lines_off = !thread_line(t, ci->code_id,
+                                         PyFrame_GetLineNumber(frame));
             else
                 thread_pop(t, ci->code_id);
         }
     }
-    else if (ci != NULL && what != PyTrace_RETURN) {
-        /* Out of scope: no line events from this frame. */
+    if (lines_off) {
+        /* Out of scope, or running since before tracing began: no line
+         * events from this frame. */
         if (PyObject_SetAttrString((PyObject *)frame, "f_trace_lines",
                                    Py_False) < 0)
             store_error();

@@ -1,0 +1,225 @@
+"""The tracer on the running interpreter's path (sys.monitoring on 3.12+,
+PyEval_SetTrace before), with allocations injected where torch would report
+them.  Needs no torch: ci/test runs it on every Python it finds."""
+
+import asyncio
+import os
+import sys
+import threading
+
+import pytest
+
+from pytest_memlab import _engine as E
+from pytest_memlab.attribution import Attribution, chain_of, line_stats, tracing
+
+from injected_allocator import alloc, free
+
+CPU = E.SLOT_CPU
+HERE = os.path.realpath(__file__)
+
+
+def where(chain):
+    return [(f.function.rsplit(".", 1)[-1], f.line) for f in chain]
+
+
+def line_of(fn, text):
+    """The line number of the line of fn's source that contains text."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    for i, src in enumerate(lines):
+        if text in src:
+            return first + i
+    raise AssertionError(f"{text!r} not in {fn.__name__}")
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """Runs fn under the tracer with this file in scope, inside a CPU scope."""
+    if tracing.conflict():
+        pytest.skip(tracing.conflict())
+
+    def run(fn, *args):
+        tracing.scope.configure(os.path.dirname(HERE), (HERE,))
+        sid = E.begin(CPU)
+        assert tracing.acquire(paths=True)
+        E.tracer_reset_lines()
+        try:
+            fn(*args)
+        finally:
+            tracing.release(paths=True)
+            result = E.end(CPU, sid)
+        return result, Attribution.from_scope(result)
+
+    return run
+
+
+def helper(n):
+    return alloc(n)  # helper allocates
+
+
+def calls_helper():
+    a = helper(1000)  # caller
+    b = alloc(500)  # direct
+    free(a, 1000)
+    free(b, 500)
+
+
+def test_a_helper_allocation_names_the_helper_and_its_caller(traced):
+    r, attribution = traced(calls_helper)
+    assert r["peak"] == 1500
+    assert attribution.at_peak[0].bytes == 1000
+    assert where(attribution.at_peak[0].chain) == [
+        ("helper", line_of(helper, "helper allocates")),
+        ("calls_helper", line_of(calls_helper, "# caller")),
+    ]
+    assert where(attribution.at_peak[1].chain) == [("calls_helper", line_of(calls_helper, "# direct"))]
+    assert where(attribution.peak_chain) == [("calls_helper", line_of(calls_helper, "# direct"))]
+
+
+def gen(n):
+    for _ in range(n):
+        yield alloc(100)  # generator line
+
+
+def consumes_generator():
+    blocks = []
+    for block in gen(3):
+        blocks.append(block)  # consumer
+        alloc(10)  # between yields
+    return blocks
+
+
+def test_generators_are_followed_across_yields(traced):
+    r, attribution = traced(consumes_generator)
+    assert r["peak"] == 330
+    by_chain = {tuple(where(s.chain)): s.bytes for s in attribution.at_peak}
+    assert by_chain[(("gen", line_of(gen, "generator line")),
+                     ("consumes_generator", line_of(consumes_generator, "for block in gen")))] == 300
+    assert by_chain[(("consumes_generator", line_of(consumes_generator, "between yields")),)] == 30
+
+
+async def inner_coro():
+    await asyncio.sleep(0)
+    return alloc(64)  # in the coroutine
+
+
+async def outer_coro():
+    a = await inner_coro()  # awaits
+    await asyncio.sleep(0)
+    return a
+
+
+def runs_coroutines():
+    asyncio.run(outer_coro())
+
+
+def test_coroutines_keep_their_awaiting_chain(traced):
+    r, attribution = traced(runs_coroutines)
+    assert r["peak"] == 64
+    assert where(attribution.at_peak[0].chain)[:2] == [
+        ("inner_coro", line_of(inner_coro, "in the coroutine")),
+        ("outer_coro", line_of(outer_coro, "# awaits")),
+    ]
+
+
+def recurse(n):
+    if n == 0:
+        return alloc(7)  # bottom
+    return recurse(n - 1)
+
+
+def deep_then_shallow():
+    recurse(300)  # deeper than the shadow stack keeps
+    alloc(11)  # after the recursion
+
+
+def test_recursion_deeper_than_the_stack_unwinds_cleanly(traced):
+    r, attribution = traced(deep_then_shallow)
+    assert r["peak"] == 18
+    chains = {s.bytes: where(s.chain) for s in attribution.at_peak}
+    assert chains[11] == [("deep_then_shallow", line_of(deep_then_shallow, "after the recursion"))]
+    assert chains[7][0][0] == "recurse"
+
+
+def raises_after_alloc():
+    alloc(40)  # before raising
+    raise ValueError("boom")
+
+
+def catches():
+    try:
+        raises_after_alloc()  # call that raises
+    except ValueError:
+        pass
+    alloc(2)  # after the handler
+
+
+def test_exceptions_unwinding_through_traced_frames(traced):
+    r, attribution = traced(catches)
+    chains = {s.bytes: where(s.chain) for s in attribution.at_peak}
+    assert chains[40] == [("raises_after_alloc", line_of(raises_after_alloc, "before raising")),
+                          ("catches", line_of(catches, "call that raises"))]
+    assert chains[2] == [("catches", line_of(catches, "after the handler"))]
+
+
+def thread_body():
+    alloc(1234)  # in the thread
+
+
+def spawns_thread():
+    t = threading.Thread(target=thread_body)
+    t.start()
+    t.join()  # waiting
+
+
+def test_threads(traced):
+    r, attribution = traced(spawns_thread)
+    chain = where(attribution.at_peak[0].chain)
+    if sys.version_info >= (3, 12):  # sys.monitoring sees every thread
+        assert chain == [("thread_body", line_of(thread_body, "in the thread"))]
+    else:  # the trace function is per thread: the measuring thread's line
+        assert chain[0][0] == "spawns_thread"
+
+
+def loops():
+    for i in range(5):
+        alloc(3)  # loop body
+
+
+def test_line_stats_count_hits_bytes_and_peaks(traced):
+    traced(loops)
+    stats = {(s.frame.function, s.frame.line): s for s in line_stats(CPU)}
+    body = stats[("loops", line_of(loops, "loop body"))]
+    assert body.hits == 5
+    assert body.allocated == 15
+    assert body.peak_total == 15
+    assert stats[("loops", line_of(loops, "for i in range"))].hits == 6
+
+
+def test_a_scope_decision_that_raises_never_reaches_user_code():
+    if tracing.conflict():
+        pytest.skip(tracing.conflict())
+
+    def bad(code):
+        raise RuntimeError("decision failed")
+
+    seen = []
+    E.tracer_start(bad)
+    try:
+        seen.append(sum(range(10)))  # user code runs on unharmed
+        helper(1)
+    finally:
+        with pytest.raises(RuntimeError, match="decision failed"):
+            E.tracer_stop()
+    assert seen == [45]
+    E.tracer_start(tracing.scope)  # the real scope again
+    E.tracer_stop()
+
+
+def test_sites_and_lines_resolve_to_code():
+    with pytest.raises(ValueError):
+        E.site(10**9)
+    assert chain_of(0) == []
+    status = E.tracer_status()
+    assert status["backend"] == ("sys.monitoring" if sys.version_info >= (3, 12) else "PyEval_SetTrace")
