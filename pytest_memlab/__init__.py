@@ -4,8 +4,20 @@ The pytest plugin lives in :mod:`pytest_memlab.plugin` and is loaded through
 the ``pytest11`` entry point ``memlab``.
 """
 
+from .lab import LineProfiler, clear_global_line_profiler, profile, profile_every, set_target_gpu
 from .measure import DeviceFigures, Measurement, MemoryBudgetExceeded
 from .sizes import SizeError, format_size, parse_size
 
-__all__ = ["DeviceFigures", "Measurement", "MemoryBudgetExceeded", "SizeError", "format_size", "parse_size"]
+__all__ = [
+    "DeviceFigures", "LineProfiler", "Measurement", "MemoryBudgetExceeded", "SizeError",
+    "clear_global_line_profiler", "format_size", "load_ipython_extension", "parse_size",
+    "profile", "profile_every", "set_target_gpu",
+]
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext pytest_memlab``: the ``%mlrun`` / ``%%mlrun`` magics."""
+    from .ipython import load_ipython_extension as load
+
+    load(ipython)
 __version__ = "0.1.0"
