@@ -229,6 +229,18 @@ def _in(code, lineno: int) -> bool:
     return bool(lines) and code.co_firstlineno <= lineno <= max(lines)
 
 
+def _selects(func, fn, code) -> bool:
+    """display(func): None for all, a function (or a wrapper of it), or a name."""
+    if func is None or func is fn:
+        return True
+    if isinstance(func, str):
+        return func in (getattr(fn, "__name__", None), getattr(fn, "__qualname__", None))
+    try:
+        return _code_of(func)[1] is code
+    except TypeError:
+        return False
+
+
 class LineRecords:
     """A profiler's figures for display."""
 
@@ -240,8 +252,7 @@ class LineRecords:
         self.notes = sorted({COLUMNS[c][2] for c in columns if COLUMNS[c][2]})
         self.sections = []
         for code, fn in profiler.functions.items():
-            if func is not None and not (func is fn or func == getattr(fn, "__name__", None) or
-                                         _code_of(func)[1] is code if callable(func) else False):
+            if not _selects(func, fn, code):
                 continue
             devices = [d for (c, d) in profiler.records if c is code]
             if not devices:
