@@ -7,9 +7,15 @@ Workloads (CUDA):
 Configurations, each in its own process (the CUDA trace tracker cannot be
 detached once attached, so an "unmeasured" run in a process that attached it
 would not be unmeasured):
-  unmeasured   plain torch
-  memlab       a test's measurement (bridge reporter + CUDA trace tracker)
-  memlab-notracker   the same with MEMLAB_CUDA_TRACKER=0
+  unmeasured        plain torch
+  memlab            a test's measurement: bridge reporter, CUDA trace tracker,
+                    and line attribution (the C tracer on the loop's code)
+  memlab-notracker  the same with MEMLAB_CUDA_TRACKER=0
+  memlab-nolines    memlab without line attribution
+  and, on the transformer loop, the peers:
+  pytorch_memlab    pytorch_memlab's LineProfiler on the loop function
+  memory-history    torch.cuda.memory._record_memory_history + _snapshot()
+  torch-profiler    torch.profiler.profile(profile_memory=True)
 Rounds alternate the configurations; each process times several repetitions
 after warm-up and reports its median; the table shows the median over rounds.
 
@@ -24,8 +30,13 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("unmeasured", "memlab", "memlab-notracker")
+CONFIGS = {
+    "transformer": ("unmeasured", "memlab", "memlab-notracker", "memlab-nolines",
+                    "pytorch_memlab", "memory-history", "torch-profiler"),
+    "launch": ("unmeasured", "memlab", "memlab-notracker", "memlab-nolines"),
+}
 TARGETS = {"transformer": 1.02, "launch": 1.10}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def worker(workload: str, config: str, reps: int) -> None:
@@ -50,44 +61,58 @@ def worker(workload: str, config: str, reps: int) -> None:
             for _ in range(20_000):
                 x = x + 1
 
-    measurement = None
-    if config != "unmeasured":
+    def plain():
+        run()
+        torch.cuda.synchronize()
+
+    once = plain
+    if config.startswith("memlab"):
         from pytest_memlab._core import core
+        from pytest_memlab.attribution import tracing
         from pytest_memlab.measure import Measurement
 
         c = core()
         assert c.name == "bridge", c.reason
+        tracing.scope.configure(ROOT)  # this file is the user's code
 
-        def measured():
-            m = Measurement(c, ["cuda:0"])
+        def once():
+            m = Measurement(c, ["cuda:0"], trace=config != "memlab-nolines")
             m.begin()
             try:
-                run()
-                torch.cuda.synchronize()
+                plain()
             finally:
                 figures = m.end()
-            return figures
+            assert figures["cuda:0"].peak > 0
+            if config != "memlab-nolines":
+                assert figures["cuda:0"].attribution.at_peak, "no line attribution"
+    elif config == "pytorch_memlab":
+        from pytorch_memlab import LineProfiler
+
+        def once():
+            with LineProfiler(run):
+                plain()
+    elif config == "memory-history":
+        def once():
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+            plain()
+            torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+    elif config == "torch-profiler":
+        from torch.profiler import ProfilerActivity, profile
+
+        def once():
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True):
+                plain()
 
     for _ in range(2):  # warm-up: kernels, allocator pools, the bridge build
-        if config == "unmeasured":
-            run()
-        else:
-            measured()
-        torch.cuda.synchronize()
+        once()
     times = []
     for _ in range(reps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        if config == "unmeasured":
-            run()
-            torch.cuda.synchronize()
-        else:
-            measurement = measured()
+        once()
         times.append(time.perf_counter() - t0)
-    out = {"median": statistics.median(times), "min": min(times)}
-    if measurement is not None:
-        out["peak_total"] = measurement["cuda:0"].peak_total
-    print(json.dumps(out))
+    print(json.dumps({"median": statistics.median(times), "min": min(times)}))
 
 
 def main() -> int:
@@ -100,11 +125,14 @@ def main() -> int:
     if args.worker:
         worker(*args.worker, args.reps)
         return 0
-    results = {w: {c: [] for c in CONFIGS} for w in TARGETS}
+    results = {w: {c: [] for c in CONFIGS[w]} for w in TARGETS}
+    failed = {}
     for r in range(args.rounds):
         for workload in TARGETS:
-            order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
+            order = CONFIGS[workload] if r % 2 == 0 else tuple(reversed(CONFIGS[workload]))
             for config in order:
+                if config in failed.get(workload, {}):
+                    continue
                 env = dict(os.environ, MEMLAB_CORE="bridge")
                 if config == "memlab-notracker":
                     env["MEMLAB_CUDA_TRACKER"] = "0"
@@ -113,18 +141,27 @@ def main() -> int:
                     capture_output=True, text=True, env=env,
                 )
                 if proc.returncode != 0:
-                    print(proc.stdout, proc.stderr, file=sys.stderr)
-                    return 1
+                    if config.startswith("memlab") or config == "unmeasured":
+                        print(proc.stdout, proc.stderr, file=sys.stderr)
+                        return 1
+                    tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+                    failed.setdefault(workload, {})[config] = tail  # a peer tool missing: say so
+                    continue
                 results[workload][config].append(json.loads(proc.stdout.strip().splitlines()[-1])["median"])
-    lines = ["| workload | unmeasured (s) | memlab (s) | ratio | memlab, no tracker (s) | ratio | target |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| workload | configuration | median time (s) | ratio to unmeasured | target |",
+             "| --- | --- | --- | --- | --- |"]
     ok = True
     for workload, target in TARGETS.items():
         base = statistics.median(results[workload]["unmeasured"])
-        full = statistics.median(results[workload]["memlab"])
-        notr = statistics.median(results[workload]["memlab-notracker"])
-        ok &= full / base <= target
-        lines.append(f"| {workload} | {base:.4f} | {full:.4f} | {full / base:.3f}x | {notr:.4f} | {notr / base:.3f}x | <= {target:.2f}x |")
+        for config in CONFIGS[workload]:
+            if config in failed.get(workload, {}):
+                lines.append(f"| {workload} | {config} | not run: {failed[workload][config]} | | |")
+                continue
+            t = statistics.median(results[workload][config])
+            goal = f"<= {target:.2f}x" if config == "memlab" else ""
+            if config == "memlab":
+                ok &= t / base <= target
+            lines.append(f"| {workload} | {config} | {t:.4f} | {t / base:.3f}x | {goal} |")
     table = "\n".join(lines)
     print(table)
     print("raw:", json.dumps(results))

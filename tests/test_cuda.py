@@ -195,3 +195,97 @@ def test_unmarked_tests_under_memlab_measure_cuda_without_broader_fixtures(inner
     result = inner.runpytest_subprocess("-v", "--memlab-report")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["test_*.py::test_uses_weights*cuda:0*2.0 MiB*"])
+
+
+def test_peak_in_backward_names_the_backward_line(inner):
+    inner.makepyfile(test_bw="""
+        import pytest, torch
+
+        @pytest.mark.cuda_memory(max="1MiB")
+        def test_train():
+            model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                        torch.nn.Linear(4096, 4096)).cuda()
+            x = torch.randn(2048, 4096, device="cuda")
+            loss = model(x).square().mean()
+            loss.backward()
+        """)
+    result = inner.runpytest_subprocess("-v")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "cuda:0 peak * exceeds max 1.0 MiB by *",
+        "  peak reached in test_bw.py:10 test_train: loss.backward()",
+        "  live at the peak, by the line that allocated it (user call chain):",
+        "*test_bw.py:10 test_train: loss.backward()",
+    ])
+
+
+def test_helper_allocation_names_helper_and_calling_line_on_cuda(inner):
+    inner.makepyfile(helpers="""
+        import torch
+
+        def make(n):
+            return torch.empty(n, dtype=torch.uint8, device="cuda")
+        """)
+    inner.makepyfile(test_helper="""
+        import pytest
+        from helpers import make
+        MiB = 2**20
+
+        @pytest.mark.cuda_memory(max="40MiB")
+        def test_x():
+            a = make(32 * MiB)
+            b = make(16 * MiB)
+        """)
+    result = inner.runpytest_subprocess("-v")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "cuda:0 peak 48.0 MiB exceeds max 40.0 MiB by 8.0 MiB",
+        "  peak reached in helpers.py:5 make: return torch.empty(n, dtype=torch.uint8, device=\"cuda\")",
+        "                <- test_helper.py:9 test_x: b = make(16 * MiB)",
+        "  live at the peak, by the line that allocated it (user call chain):",
+        "      32.0 MiB  67%  helpers.py:5 make: *",
+        "                         <- test_helper.py:8 test_x: a = make(32 * MiB)",
+        "      16.0 MiB  33%  helpers.py:5 make: *",
+        "                         <- test_helper.py:9 test_x: b = make(16 * MiB)",
+    ])
+
+
+def _lab_inner():
+    import torch
+    torch.nn.Linear(100, 100).cuda()
+
+
+def _lab_outer():
+    import torch
+    linear = torch.nn.Linear(100, 100).cuda()
+    linear2 = torch.nn.Linear(100, 100).cuda()
+    _lab_inner()
+
+
+def test_readme_line_profiler_example_on_cuda_and_user_stats_untouched(core):
+    import inspect
+
+    import torch
+    from pytest_memlab import LineProfiler
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the README's figures start from an empty device
+    big = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    del big
+    user_peak = torch.cuda.max_memory_allocated()
+    reserved = torch.cuda.memory_reserved()
+    base = torch.cuda.memory_allocated()
+    with LineProfiler(_lab_outer, _lab_inner, target_gpu=0) as prof:
+        _lab_outer()
+    # pytorch_memlab resets these and empties the cache; memlab must not
+    assert torch.cuda.max_memory_allocated() == user_peak
+    assert torch.cuda.memory_reserved() >= reserved
+    src, first = inspect.getsourcelines(_lab_outer)
+    at = {line.strip(): first + i for i, line in enumerate(src)}
+    rec = prof.records[(_lab_outer.__code__, "cuda:0")]
+    linear = 40960  # weight 40000 B and bias 400 B, each rounded up to 512 B blocks: "40.00K"
+    assert rec[at["linear = torch.nn.Linear(100, 100).cuda()"]].peak_total - base == linear
+    assert rec[at["linear2 = torch.nn.Linear(100, 100).cuda()"]].peak_total - base == 2 * linear
+    assert rec[at["_lab_inner()"]].peak_total - base == 3 * linear
+    text = str(prof.display())
+    assert "## _lab_outer" in text and "## _lab_inner" in text
