@@ -33,3 +33,11 @@ def inner(pytester):
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     os.environ.setdefault("MEMLAB_CORE", os.environ.get("MEMLAB_CORE", "auto"))
     return pytester
+
+
+def line_no(path, text: str) -> int:
+    """The number of the first line of a written file that contains text."""
+    for i, line in enumerate(open(path).read().splitlines(), 1):
+        if text in line:
+            return i
+    raise AssertionError(f"{text!r} not in {path}")

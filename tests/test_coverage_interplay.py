@@ -6,20 +6,20 @@ import sys
 
 import pytest
 
-from conftest import requires_torch
+from conftest import line_no, requires_torch
 
 pytestmark = requires_torch
 
 
 def test_both_tools_measure_the_same_test(inner):
     pytest.importorskip("pytest_cov")
-    inner.makepyfile(mylib="""
+    lib = inner.makepyfile(mylib="""
 import torch
 
 def make(n):
     return torch.empty(n, dtype=torch.uint8)
 """)
-    inner.makepyfile(test_cov="""
+    test = inner.makepyfile(test_cov="""
 import pytest
 from mylib import make
 MiB = 2**20
@@ -33,8 +33,9 @@ def test_x():
     result.stdout.fnmatch_lines(["cpu peak 2.0 MiB exceeds max 1.0 MiB by 1.0 MiB", "mylib.py * 100%*"])
     if sys.version_info >= (3, 12):
         result.stdout.fnmatch_lines([
-            "  peak reached in mylib.py:5 make: return torch.empty(n, dtype=torch.uint8)",
-            "*<- test_cov.py:8 test_x: a = make(2 * MiB)",
+            f"  peak reached in mylib.py:{line_no(lib, 'return torch.empty')} make: "
+            "return torch.empty(n, dtype=torch.uint8)",
+            f"*<- test_cov.py:{line_no(test, 'a = make')} test_x: a = make(2 * MiB)",
         ])
     else:
         result.stdout.fnmatch_lines([

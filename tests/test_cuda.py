@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from conftest import MiB, requires_cuda
+from conftest import MiB, line_no, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -198,7 +198,7 @@ def test_unmarked_tests_under_memlab_measure_cuda_without_broader_fixtures(inner
 
 
 def test_peak_in_backward_names_the_backward_line(inner):
-    inner.makepyfile(test_bw="""
+    path = inner.makepyfile(test_bw="""
         import pytest, torch
 
         @pytest.mark.cuda_memory(max="1MiB")
@@ -211,22 +211,23 @@ def test_peak_in_backward_names_the_backward_line(inner):
         """)
     result = inner.runpytest_subprocess("-v")
     result.assert_outcomes(failed=1)
+    backward = line_no(path, "loss.backward()")
     result.stdout.fnmatch_lines([
         "cuda:0 peak * exceeds max 1.0 MiB by *",
-        "  peak reached in test_bw.py:10 test_train: loss.backward()",
+        f"  peak reached in test_bw.py:{backward} test_train: loss.backward()",
         "  live at the peak, by the line that allocated it (user call chain):",
-        "*test_bw.py:10 test_train: loss.backward()",
+        f"*test_bw.py:{backward} test_train: loss.backward()",  # the autograd thread's gradients
     ])
 
 
 def test_helper_allocation_names_helper_and_calling_line_on_cuda(inner):
-    inner.makepyfile(helpers="""
+    helpers = inner.makepyfile(helpers="""
         import torch
 
         def make(n):
             return torch.empty(n, dtype=torch.uint8, device="cuda")
         """)
-    inner.makepyfile(test_helper="""
+    test = inner.makepyfile(test_helper="""
         import pytest
         from helpers import make
         MiB = 2**20
@@ -238,15 +239,16 @@ def test_helper_allocation_names_helper_and_calling_line_on_cuda(inner):
         """)
     result = inner.runpytest_subprocess("-v")
     result.assert_outcomes(failed=1)
+    make, a, b = line_no(helpers, "return torch.empty"), line_no(test, "a = make"), line_no(test, "b = make")
     result.stdout.fnmatch_lines([
         "cuda:0 peak 48.0 MiB exceeds max 40.0 MiB by 8.0 MiB",
-        "  peak reached in helpers.py:5 make: return torch.empty(n, dtype=torch.uint8, device=\"cuda\")",
-        "                <- test_helper.py:9 test_x: b = make(16 * MiB)",
+        f"  peak reached in helpers.py:{make} make: return torch.empty(n, dtype=torch.uint8, device=\"cuda\")",
+        f"                <- test_helper.py:{b} test_x: b = make(16 * MiB)",
         "  live at the peak, by the line that allocated it (user call chain):",
-        "      32.0 MiB  67%  helpers.py:5 make: *",
-        "                         <- test_helper.py:8 test_x: a = make(32 * MiB)",
-        "      16.0 MiB  33%  helpers.py:5 make: *",
-        "                         <- test_helper.py:9 test_x: b = make(16 * MiB)",
+        f"      32.0 MiB  67%  helpers.py:{make} make: *",
+        f"                         <- test_helper.py:{a} test_x: a = make(32 * MiB)",
+        f"      16.0 MiB  33%  helpers.py:{make} make: *",
+        f"                         <- test_helper.py:{b} test_x: b = make(16 * MiB)",
     ])
 
 
