@@ -11,6 +11,7 @@ assertion would, instead of surfacing as an error at teardown.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
 
 import pytest
@@ -108,6 +109,7 @@ class DeviceResult:
     max: int | None = None
     max_total: int | None = None
     max_reserved: int | None = None
+    top: list = field(default_factory=list)  # heaviest lines: {file, line, function, bytes, peak_total}
 
 
 @dataclass
@@ -138,7 +140,9 @@ def _result_from_properties(nodeid: str, props) -> TestResult | None:
         device, _, key = name[len("memlab."):].rpartition(".")
         result = result or TestResult(nodeid)
         dev = result.devices.setdefault(device, DeviceResult(device))
-        if key == "measured":
+        if key == "top":
+            dev.top = json.loads(value)
+        elif key == "measured":
             dev.measured = False
         elif key == "reason":
             dev.reason = str(value)
@@ -257,6 +261,11 @@ class MemlabPlugin:
             if fig is None:
                 continue
             props += _properties(device, fig, spec if spec.marked else None)
+            if fig.lines:  # the per-line table, for reports (also under xdist)
+                top = sorted((ln for ln in fig.lines if ln.allocated > 0), key=lambda ln: -ln.allocated)
+                props.append((f"memlab.{device}.top", json.dumps(
+                    [{**ln.frame.as_dict(), "bytes": ln.allocated, "peak_total": ln.peak_total}
+                     for ln in top[:self.top]])))
             if not fig.measured:
                 if spec.kind == "cuda" and spec.marked and self.require_cuda:
                     failures.append(f"{device} not measured: {fig.reason} (--memlab-require-cuda)")

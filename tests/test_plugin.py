@@ -303,6 +303,16 @@ def test_x():
     xml = (inner.path / "out.xml").read_text()
     assert '<property name="memlab.cpu.peak" value="3145728"' in xml
     assert '<property name="memlab.cpu.max" value="8388608"' in xml
+    import json
+    import xml.etree.ElementTree as ET
+
+    props = {p.get("name"): p.get("value") for p in ET.fromstring(xml).iter("property")}
+    top = json.loads(props["memlab.cpu.top"])
+    from conftest import line_no
+
+    # the line that allocated: the helper, which is user code too
+    assert top[0] == {"file": "test_inner.py", "function": "cpu_bytes", "bytes": 3 * 2**20, "peak_total": 3 * 2**20,
+                      "line": line_no(inner.path / "test_inner.py", "return torch.empty")}
 
 
 def test_plugin_can_be_turned_off(inner):
