@@ -234,6 +234,7 @@ class Attribution:
 class LineStat:
     """One line's figures for one device over a measurement."""
 
+    code: object          # the code object the line belongs to
     frame: Frame
     hits: int
     allocated: int        # bytes allocated while it was the innermost user line
@@ -254,5 +255,5 @@ def line_stats(slot: int, codes=None) -> list[LineStat]:
     for _, code, lineno, hits, alloc, peak, peak_r, last in engine.tracer_line_stats():
         if codes is not None and code not in codes:
             continue
-        out.append(LineStat(frame_of(code, lineno), hits, alloc[slot], peak[slot], peak_r[slot], last[slot]))
+        out.append(LineStat(code, frame_of(code, lineno), hits, alloc[slot], peak[slot], peak_r[slot], last[slot]))
     return out

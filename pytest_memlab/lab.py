@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ._core import BRIDGE, core
 from .attribution import line_stats, tracing
-from .measure import _slot, make_meter, resolve_device
+from .measure import make_meter, resolve_device, slot_of
 from .sizes import format_size
 
 DEFAULT_COLUMNS = ("active_bytes.all.peak", "reserved_bytes.all.peak")
@@ -188,11 +188,8 @@ class LineProfiler:
     def _collect(self) -> None:
         codes = set(self.functions)
         for device in self._meters:
-            for stat in line_stats(_slot(device), codes=None):
-                code = next((c for c in codes if stat.frame.path == _path(c) and _in(c, stat.frame.line)), None)
-                if code is None:
-                    continue
-                rec = self.records.setdefault((code, device), {}).setdefault(stat.frame.line, LineRecord())
+            for stat in line_stats(slot_of(device), codes=codes):
+                rec = self.records.setdefault((stat.code, device), {}).setdefault(stat.frame.line, LineRecord())
                 rec.hits += stat.hits
                 rec.allocated += stat.allocated
                 rec.peak_total = max(rec.peak_total, stat.peak_total)
@@ -216,17 +213,6 @@ class LineProfiler:
 
     def print_stats(self, func=None, columns=DEFAULT_COLUMNS, stream=None) -> None:
         (stream or sys.stdout).write(str(self.display(func, columns)))
-
-
-def _path(code) -> str:
-    import os
-
-    return os.path.realpath(os.path.abspath(code.co_filename))
-
-
-def _in(code, lineno: int) -> bool:
-    lines = [ln for _, _, ln in code.co_lines() if ln is not None]
-    return bool(lines) and code.co_firstlineno <= lineno <= max(lines)
 
 
 def _selects(func, fn, code) -> bool:

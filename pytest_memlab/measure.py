@@ -50,7 +50,8 @@ class DeviceFigures:
         return props
 
 
-def _slot(device: str) -> int:
+def slot_of(device: str) -> int:
+    """The engine's slot of a device: 0 the CPU, 1 + i cuda:i."""
     return engine.SLOT_CPU if device == "cpu" else 1 + int(device.split(":")[1])
 
 
@@ -60,7 +61,7 @@ class EngineMeter:
     def __init__(self, core: Core, device: str, detached: bool = False):
         self.core = core
         self.device = device
-        self.slot = _slot(device)
+        self.slot = slot_of(device)
         self.detached = detached
         self.scope_id: int | None = None
 
@@ -265,7 +266,7 @@ class Measurement:
                 error = error or exc
             for device, fig in figures.items():
                 if fig.measured:
-                    fig.lines = line_stats(_slot(device))
+                    fig.lines = line_stats(slot_of(device))
         for device, reason in self.unmeasured.items():
             figures[device] = DeviceFigures(device, False, reason=reason)
         self.final = {d: figures[d] for d in self.devices}

@@ -252,16 +252,16 @@ def test_helper_allocation_names_helper_and_calling_line_on_cuda(inner):
     ])
 
 
-def _lab_inner():
-    import torch
-    torch.nn.Linear(100, 100).cuda()
+def _readme_example():
+    """fixtures/lab/readme_example.py: the example the README shows."""
+    import importlib.util
+    import pathlib
 
-
-def _lab_outer():
-    import torch
-    linear = torch.nn.Linear(100, 100).cuda()
-    linear2 = torch.nn.Linear(100, 100).cuda()
-    _lab_inner()
+    path = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "lab" / "readme_example.py"
+    spec = importlib.util.spec_from_file_location("readme_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_readme_line_profiler_example_on_cuda_and_user_stats_untouched(core):
@@ -277,17 +277,19 @@ def test_readme_line_profiler_example_on_cuda_and_user_stats_untouched(core):
     user_peak = torch.cuda.max_memory_allocated()
     reserved = torch.cuda.memory_reserved()
     base = torch.cuda.memory_allocated()
-    with LineProfiler(_lab_outer, _lab_inner, target_gpu=0) as prof:
-        _lab_outer()
+    example = _readme_example()
+    with LineProfiler(example.outer, example.inner, target_gpu=0) as prof:
+        example.outer()
     # pytorch_memlab resets these and empties the cache; memlab must not
     assert torch.cuda.max_memory_allocated() == user_peak
     assert torch.cuda.memory_reserved() >= reserved
-    src, first = inspect.getsourcelines(_lab_outer)
+    src, first = inspect.getsourcelines(example.outer)
     at = {line.strip(): first + i for i, line in enumerate(src)}
-    rec = prof.records[(_lab_outer.__code__, "cuda:0")]
+    rec = prof.records[(example.outer.__code__, "cuda:0")]
     linear = 40960  # weight 40000 B and bias 400 B, each rounded up to 512 B blocks: "40.00K"
     assert rec[at["linear = torch.nn.Linear(100, 100).cuda()"]].peak_total - base == linear
     assert rec[at["linear2 = torch.nn.Linear(100, 100).cuda()"]].peak_total - base == 2 * linear
-    assert rec[at["_lab_inner()"]].peak_total - base == 3 * linear
+    assert rec[at["inner()"]].peak_total - base == 3 * linear
+    assert max(r.peak_reserved for r in rec.values()) >= 2 * MiB
     text = str(prof.display())
-    assert "## _lab_outer" in text and "## _lab_inner" in text
+    assert "## outer" in text and "## inner" in text
