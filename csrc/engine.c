@@ -76,15 +76,20 @@ Engine_set_site_fn(Engine *self, SiteFn fn, void *ctx)
     atomic_store(&self->site_fn, fn);
 }
 
-int64_t
-Engine_current_total(Engine *self, int slot)
+static Device *
+Engine_device(Engine *self, int slot, int create)
 {
     if (slot < 0 || slot >= ENGINE_MAX_DEVICES)
-        return 0;
-    Device *d = atomic_load_explicit(&self->devices[slot],
-                                     memory_order_acquire);
-    return d == NULL ? 0 : atomic_load_explicit(&d->total,
-                                                memory_order_relaxed);
+        return NULL;
+    Device *d = atomic_load(&self->devices[slot]);
+    if (d != NULL || !create)
+        return d;
+    /* Devices are created from the API thread only (under the GIL), so no
+     * two threads race to create the same slot. */
+    d = Device_new(slot);
+    if (d != NULL)
+        atomic_store(&self->devices[slot], d);
+    return d;
 }
 
 /* Only the lock holder writes the total, so a load and a store suffice. */
@@ -110,12 +115,16 @@ Device_reserved(Device *d)
 }
 
 int64_t
+Engine_current_total(Engine *self, int slot)
+{
+    Device *d = Engine_device(self, slot, 0);
+    return d == NULL ? 0 : Device_total(d);
+}
+
+int64_t
 Engine_current_reserved(Engine *self, int slot)
 {
-    if (slot < 0 || slot >= ENGINE_MAX_DEVICES)
-        return 0;
-    Device *d = atomic_load_explicit(&self->devices[slot],
-                                     memory_order_acquire);
+    Device *d = Engine_device(self, slot, 0);
     return d == NULL ? 0 : Device_reserved(d);
 }
 
@@ -236,22 +245,6 @@ Engine_sink(void *ctx, int device_type, int device_index, void *ptr,
     Engine_event((Engine *)ctx, Engine_slot(device_type, device_index),
                  (uintptr_t)ptr, size, (int64_t)total, (int64_t)reserved,
                  source);
-}
-
-static Device *
-Engine_device(Engine *self, int slot, int create)
-{
-    if (slot < 0 || slot >= ENGINE_MAX_DEVICES)
-        return NULL;
-    Device *d = atomic_load(&self->devices[slot]);
-    if (d != NULL || !create)
-        return d;
-    /* Devices are created from the API thread only (under the GIL), so no
-     * two threads race to create the same slot. */
-    d = Device_new(slot);
-    if (d != NULL)
-        atomic_store(&self->devices[slot], d);
-    return d;
 }
 
 int

@@ -101,8 +101,8 @@ class Tracing:
                         "attribution is off (on Python 3.12+ both work)")
         return ""
 
-    def acquire(self, *, paths: bool = False, codes=()) -> bool:
-        """Starts or joins the tracer; False (with off_reason) if it cannot run."""
+    def _remember(self, paths: bool, codes) -> bool:
+        """Adds to the scope; True if that changed what is in it."""
         changed = False
         if paths and not self.scope.paths_on:
             self.scope.paths_on = changed = True
@@ -110,6 +110,16 @@ class Tracing:
             count = self.scope.codes.get(code, 0)
             self.scope.codes[code] = count + 1
             changed |= count == 0
+        return changed
+
+    def extend(self, codes) -> None:
+        """A holder adds functions while the tracer runs (released with it)."""
+        if self._remember(False, codes) and self.users > 0:
+            engine.tracer_redecide()
+
+    def acquire(self, *, paths: bool = False, codes=()) -> bool:
+        """Starts or joins the tracer; False (with off_reason) if it cannot run."""
+        changed = self._remember(paths, codes)
         if self.users == 0:
             reason = self.conflict()
             if reason:

@@ -123,10 +123,7 @@ class LineProfiler:
             return
         self.functions[code] = func
         if self._traced:
-            tracing.scope.codes[code] = tracing.scope.codes.get(code, 0) + 1
-            from ._core import engine
-
-            engine.tracer_redecide()
+            tracing.extend((code,))
 
     # -- on and off --------------------------------------------------------
     def __enter__(self):

@@ -320,20 +320,19 @@ class MemlabPlugin:
 
     # -- reporting ------------------------------------------------------------
     def pytest_runtest_logreport(self, report):
-        if report.when != "teardown":
-            if report.when == "call" and report.nodeid in self.results:
-                self.results[report.nodeid].outcome = report.outcome
-            elif report.when == "call":
-                result = _result_from_properties(report.nodeid, report.user_properties)
-                if result is not None:
-                    result.outcome = report.outcome
-                    self.results[report.nodeid] = result
+        """Figures come with the call report, or with teardown's when there
+        was no call (setup failed): the test then counts as an error."""
+        if report.when == "setup":
             return
-        if report.nodeid not in self.results:
+        result = self.results.get(report.nodeid)
+        if result is None:
             result = _result_from_properties(report.nodeid, report.user_properties)
-            if result is not None:
-                result.outcome = "error"
-                self.results[report.nodeid] = result
+            if result is None:
+                return
+            result.outcome = "error"
+            self.results[report.nodeid] = result
+        if report.when == "call":
+            result.outcome = report.outcome
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.results:
