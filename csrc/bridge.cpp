@@ -1,8 +1,17 @@
-// The torch bridge: a c10::MemoryReportingInfoBase that forwards every CPU
-// and CUDA allocation and free to the engine's sink, and (where torch has it)
-// a CUDA allocator trace tracker that hears the threads the thread-local
-// reporter does not.  Built against the torch the process imports; see
-// pytest_memlab/_bridge_build.py.
+// The torch bridge: a reporter in torch's thread-local profiler slot that
+// forwards every CPU and CUDA allocation and free to the engine's sink, and
+// (where torch has it) a CUDA allocator trace tracker that hears the threads
+// the thread-local reporter does not.  Built against the torch the process
+// imports; see pytest_memlab/_bridge_build.py.
+//
+// Why a ProfilerStateBase and not a bare c10::MemoryReportingInfoBase: the
+// allocators only need the latter, but torch reads the PROFILER_STATE slot as
+// a ProfilerStateBase everywhere else (profilerEnabled(), getProfilerConfig(),
+// called by autograd.Function.apply on every call).  A bare reporter there is
+// read past its end: a garbage config, a profiler that seems on, and
+// std::bad_array_new_length out of Function.apply when the heap happened to
+// hold the wrong bytes.  As a ProfilerStateBase with a disabled config, torch
+// sees no profiler, and torch.profiler can still be started on top of it.
 //
 // Both callbacks run inside the allocators, the CUDA one under the
 // allocator's lock: they call the sink and nothing else.
@@ -11,6 +20,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #ifdef MEMLAB_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -52,7 +62,13 @@ inline void forward(int type, int index, void *ptr, int64_t size,
 // Torch 1.x declares the totals int64_t, torch 2.x size_t.  Declaring both
 // overloads without `override` compiles against either: the one that matches
 // the base class overrides it, the other is an unused overload.
-struct Reporter final : public c10::MemoryReportingInfoBase {
+namespace tpi = torch::profiler::impl;
+
+struct Reporter final : public tpi::ProfilerStateBase {
+  Reporter() : tpi::ProfilerStateBase(tpi::ProfilerConfig(tpi::ProfilerState::Disabled)) {}
+  tpi::ActiveProfilerType profilerType() override {
+    return tpi::ActiveProfilerType::NONE;
+  }
   void reportMemoryUsage(void *ptr, int64_t alloc_size, size_t total_allocated,
                          size_t total_reserved, c10::Device device) {
     forward(static_cast<int>(device.type()), device.index(), ptr, alloc_size,
@@ -118,6 +134,15 @@ int memlab_bridge_uninstall(char *err, size_t errlen) {
     set_error(err, errlen, "unknown C++ exception in memlab_bridge_uninstall");
   }
   return -1;
+}
+
+int memlab_bridge_installed(void) {
+  try {
+    return g_reporter && c10::ThreadLocalDebugInfo::get(
+                             c10::DebugInfoKind::PROFILER_STATE) == g_reporter.get();
+  } catch (...) {
+    return 0;
+  }
 }
 
 void memlab_bridge_set_cpu(int on) {

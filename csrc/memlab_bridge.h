@@ -35,6 +35,8 @@ MEMLAB_BRIDGE_API int memlab_bridge_install(memlab_sink_fn sink, void *ctx, char
                           size_t errlen);
 /* Pops it again if it is still the innermost profiler state. */
 MEMLAB_BRIDGE_API int memlab_bridge_uninstall(char *err, size_t errlen);
+/* 1 when the calling thread's innermost profiler state is the reporter. */
+MEMLAB_BRIDGE_API int memlab_bridge_installed(void);
 /* CPU allocations are reported only while this is on (it costs the CPU
  * allocator a lock and a hash update per allocation). */
 MEMLAB_BRIDGE_API void memlab_bridge_set_cpu(int on);

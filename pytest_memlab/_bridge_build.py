@@ -100,7 +100,7 @@ def compile_command(facts: dict, output: str) -> list[str]:
         f"-D_GLIBCXX_USE_CXX11_ABI={facts['abi']}",
         "-I", str(src), "-I", inc,
     ]
-    libs = ["-lc10"]
+    libs = ["-lc10", "-ltorch_cpu"]  # torch_cpu: the profiler state base class
     cuda_inc = cuda_include_dir(facts)
     if cuda_inc and os.path.isfile(os.path.join(inc, "c10", "cuda", "CUDACachingAllocator.h")):
         cmd += ["-DMEMLAB_WITH_CUDA", "-I", cuda_inc]

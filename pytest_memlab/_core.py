@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class Bridge:
     def __init__(self, path: Path):
         lib = ctypes.CDLL(str(path))
         lib.memlab_bridge_abi.restype = ctypes.c_int
+        lib.memlab_bridge_installed.restype = ctypes.c_int
         for name in ("memlab_bridge_install",):
             getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
             getattr(lib, name).restype = ctypes.c_int
@@ -58,13 +60,73 @@ class Bridge:
         self.tracker = None  # None: not tried; True: attached; str: why not
         self._cpu_users = 0
         self._cuda_users = 0
+        self._local = threading.local()  # install depth per thread
+        self._hooks_lock = threading.Lock()
+        self._hook_users = 0
+        self._saved_hooks = None
 
     def install(self) -> None:
-        """Pushes the reporter on the calling thread (idempotent)."""
+        """Pushes the reporter into torch's profiler slot on the calling
+        thread, unless it is there already; each install is undone by one
+        uninstall, and the last one pops it, so that the slot is torch's
+        again between measurements."""
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            self._push()
+            self._profiler_hooks(+1)
+        self._local.depth = depth + 1
+
+    def uninstall(self) -> None:
+        depth = getattr(self._local, "depth", 0) - 1
+        if depth < 0:
+            return
+        self._local.depth = depth
+        if depth == 0:
+            self._profiler_hooks(-1)
+            if not getattr(self._local, "aside", False):
+                self._pop()
+            self._local.aside = False
+
+    def _push(self) -> None:
         sink, ctx = _engine.sink()
         err = ctypes.create_string_buffer(512)
         if self.lib.memlab_bridge_install(sink, ctx, err, len(err)) != 0:
             raise MemlabCoreError(f"installing the torch bridge failed: {err.value.decode(errors='replace')}")
+
+    def _pop(self) -> None:
+        err = ctypes.create_string_buffer(512)
+        if self.lib.memlab_bridge_uninstall(err, len(err)) != 0:
+            raise MemlabCoreError(f"removing the torch bridge failed: {err.value.decode(errors='replace')}")
+
+    # torch.profiler refuses to start on a thread whose profiler slot holds
+    # anything, the reporter included.  While memlab measures, torch's own
+    # start and stop hooks (autograd.profiler._run_on_profiler_start/_stop,
+    # which profile, emit_nvtx and emit_itt call) step the reporter aside
+    # and bring it back; on CUDA the trace tracker still hears the
+    # allocations meanwhile.  The hooks are torch's again when no thread
+    # measures.
+    def _profiler_hooks(self, delta: int) -> None:
+        with self._hooks_lock:
+            self._hook_users += delta
+            if delta > 0 and self._hook_users == 1:
+                self._saved_hooks = _wrap_profiler_hooks(self)
+            elif delta < 0 and self._hook_users == 0 and self._saved_hooks is not None:
+                _restore_profiler_hooks(self._saved_hooks)
+                self._saved_hooks = None
+
+    def _profiler_starts(self) -> None:
+        if getattr(self._local, "depth", 0) > 0 and not getattr(self._local, "aside", False) and self.installed():
+            self._pop()
+            self._local.aside = True
+
+    def _profiler_stopped(self) -> None:
+        if getattr(self._local, "depth", 0) > 0 and getattr(self._local, "aside", False):
+            self._local.aside = False
+            self._push()
+
+    def installed(self) -> bool:
+        """Whether the reporter is the innermost profiler state of this thread."""
+        return bool(self.lib.memlab_bridge_installed())
 
     def cpu(self, on: bool) -> None:
         """CPU reporting stays on while any CPU scope is open."""
@@ -83,6 +145,41 @@ class Bridge:
                 self.tracker = True if rc == 0 else err.value.decode(errors="replace")
         self._cuda_users += 1 if on else -1
         self.lib.memlab_bridge_set_tracker(1 if self._cuda_users > 0 else 0)
+
+
+def _wrap_profiler_hooks(bridge: Bridge):
+    """Wraps torch's profiler start and stop hooks; returns what to restore
+    (None where this torch has no such hooks)."""
+    import sys
+
+    module = sys.modules.get("torch.autograd.profiler")
+    start = getattr(module, "_run_on_profiler_start", None)
+    stop = getattr(module, "_run_on_profiler_stop", None)
+    if start is None or stop is None:
+        return None
+
+    def _run_on_profiler_start():
+        bridge._profiler_starts()
+        return start()
+
+    def _run_on_profiler_stop():
+        try:
+            return stop()
+        finally:
+            bridge._profiler_stopped()
+
+    module._run_on_profiler_start = _run_on_profiler_start
+    module._run_on_profiler_stop = _run_on_profiler_stop
+    return module, start, stop, _run_on_profiler_start, _run_on_profiler_stop
+
+
+def _restore_profiler_hooks(saved) -> None:
+    module, start, stop, ours_start, ours_stop = saved
+    # Only what is still ours: another tool may have wrapped ours since.
+    if module._run_on_profiler_start is ours_start:
+        module._run_on_profiler_start = start
+    if module._run_on_profiler_stop is ours_stop:
+        module._run_on_profiler_stop = stop
 
 
 class Core:
@@ -137,7 +234,8 @@ def _choose() -> Core:
         return Core(COUNTERS, "chosen by MEMLAB_CORE=counters", torch=torch)
     try:
         bridge = Bridge(_find_or_build_bridge(torch))
-        bridge.install()
+        bridge.install()  # proves that it loads and links; undone at once
+        bridge.uninstall()
     except (BridgeBuildError, OSError, MemlabCoreError) as exc:
         reason = f"the torch bridge is unavailable: {exc}"
         if mode == BRIDGE:

@@ -67,16 +67,17 @@ class EngineMeter:
 
     def begin(self) -> None:
         bridge = self.core.bridge
-        bridge.install()  # idempotent; covers a new measuring thread
         total = reserved = -1
-        if self.device == "cpu":
-            bridge.cpu(True)
-        else:
+        if self.device != "cpu":
             torch = self.core.torch
             index = int(self.device.split(":")[1])
             torch.cuda.init()
             total = torch.cuda.memory_allocated(index)
             reserved = torch.cuda.memory_reserved(index)
+        bridge.install()  # on this thread, until the scope ends
+        if self.device == "cpu":
+            bridge.cpu(True)
+        else:
             bridge.cuda(True)
         try:
             self.scope_id = engine.begin(self.slot, detached=self.detached, total=total, reserved=reserved)
@@ -85,10 +86,12 @@ class EngineMeter:
             raise
 
     def _release(self) -> None:
+        bridge = self.core.bridge
         if self.device == "cpu":
-            self.core.bridge.cpu(False)
+            bridge.cpu(False)
         else:
-            self.core.bridge.cuda(False)
+            bridge.cuda(False)
+        bridge.uninstall()
 
     def _figures(self, s: dict) -> DeviceFigures:
         return DeviceFigures(

@@ -1,0 +1,86 @@
+"""The reporter lives in torch's thread-local profiler slot.  Torch reads that
+slot as a ProfilerStateBase (profilerEnabled, getProfilerConfig, called by
+every autograd.Function.apply); a reporter that is anything else is read
+past its end.  These tests pin what torch must see there: no profiler while
+memlab measures, torch.profiler still usable on top, and the slot empty again
+once the measurement ends."""
+
+import pytest
+
+from conftest import MiB, requires_torch
+
+pytestmark = requires_torch
+
+
+@pytest.fixture
+def core():
+    from pytest_memlab._core import BRIDGE, core
+
+    c = core()
+    if c.name != BRIDGE:
+        pytest.fail(f"the torch bridge is not in use: {c.reason}")
+    return c
+
+
+def _measure(core):
+    from pytest_memlab.measure import Measurement
+
+    m = Measurement(core, ["cpu"], trace=False)
+    m.begin()
+    return m
+
+
+def test_torch_sees_no_profiler_while_memlab_measures(core):
+    import torch
+
+    assert not core.bridge.installed()
+    m = _measure(core)
+    try:
+        assert core.bridge.installed()
+        assert torch.autograd._profiler_enabled() is False
+        assert str(torch._C._autograd._profiler_type()).endswith("NONE")
+        # Function.apply reads the profiler config on every call.
+        x = torch.ones(4, requires_grad=True)
+        y = torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=False)
+        y.sum().backward()
+        assert torch.equal(x.grad, torch.cos(torch.ones(4)))
+    finally:
+        m.end()
+    assert not core.bridge.installed()
+
+
+def test_the_slot_is_torchs_again_after_a_measurement(core):
+    import torch
+
+    m = _measure(core)
+    m.end()
+    assert not core.bridge.installed()
+    assert torch.autograd._profiler_enabled() is False
+
+
+def test_torch_profiler_runs_on_top_and_memlab_hears_again_after(core):
+    import torch
+
+    m = _measure(core)
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            assert torch.autograd._profiler_enabled() is True
+            torch.ones(8).sum()
+        assert any("aten::ones" in e.name for e in prof.events())
+        assert core.bridge.installed()  # ours again, under where the profiler was
+        a = torch.empty(4 * MiB, dtype=torch.uint8)
+        del a
+        fig = m.figures("cpu")
+        assert fig.peak >= 4 * MiB
+    finally:
+        m.end()
+    assert not core.bridge.installed()
+
+
+def test_nested_measurements_keep_the_reporter_until_the_outer_one_ends(core):
+    outer = _measure(core)
+    inner = _measure(core)
+    inner.end()
+    assert core.bridge.installed()
+    outer.end()
+    assert not core.bridge.installed()
