@@ -68,7 +68,7 @@ def worker(workload: str, config: str, reps: int) -> None:
     once = plain
     if config.startswith("memlab"):
         from pytest_memlab._core import core
-        from pytest_memlab.attribution import tracing
+        from pytest_memlab.tracing import tracing
         from pytest_memlab.measure import Measurement
 
         c = core()

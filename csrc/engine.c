@@ -296,7 +296,7 @@ error:
 }
 
 int
-Engine_stats(Engine *self, int slot, uint32_t id, Scope *out)
+Engine_stats(Engine *self, int slot, uint32_t id, int with_sites, Scope *out)
 {
     Device *d = Engine_device(self, slot, 0);
     if (d == NULL)
@@ -308,6 +308,8 @@ Engine_stats(Engine *self, int slot, uint32_t id, Scope *out)
         goto error;
     *out = *s;
     memset(&out->sites, 0, sizeof(out->sites));  /* not the caller's */
+    if (with_sites && SiteStats_copy(&out->sites, &s->sites) < 0)
+        out->sites.oom = 1;
     ret = 0;
 error:
     Spinlock_release(&d->lock);

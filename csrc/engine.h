@@ -97,8 +97,10 @@ int Engine_begin(Engine *self, int slot, int detached, int64_t total,
                  int64_t reserved, uint32_t *id);
 /* Closes a scope; *out owns its site tables (Scope_fini). */
 int Engine_end(Engine *self, int slot, uint32_t id, Scope *out);
-/* Figures of an open scope so far, without its site tables. */
-int Engine_stats(Engine *self, int slot, uint32_t id, Scope *out);
+/* Figures of an open scope so far; with with_sites, *out owns a copy of its
+ * site tables (Scope_fini), else it has none. */
+int Engine_stats(Engine *self, int slot, uint32_t id, int with_sites,
+                 Scope *out);
 int Engine_totals(Engine *self, int slot, int64_t *total, int64_t *reserved);
 /* Copies up to cap blocks that count for open scope id; returns how many
  * count in all (may exceed cap), or -1 if id is not open. */

@@ -192,21 +192,25 @@ engine_end(PyObject *Py_UNUSED(module), PyObject *args)
 }
 
 static PyObject *
-engine_stats(PyObject *Py_UNUSED(module), PyObject *args)
+engine_stats(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
 {
-    int slot;
+    static char *kwlist[] = {"slot", "id", "sites", NULL};
+    int slot, sites = 0;
     unsigned int id;
     Scope s;
-    if (!PyArg_ParseTuple(args, "iI:stats", &slot, &id))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iI|p:stats", kwlist,
+                                     &slot, &id, &sites))
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    if (Engine_stats(the_engine, slot, id, &s) < 0) {
+    if (Engine_stats(the_engine, slot, id, sites, &s) < 0) {
         PyErr_Format(PyExc_ValueError,
                      "scope %u is not open on device slot %d", id, slot);
         return NULL;
     }
-    return scope_to_dict(&s);
+    PyObject *result = sites ? closed_scope_to_dict(&s) : scope_to_dict(&s);
+    Scope_fini(&s);
+    return result;
 }
 
 static PyObject *
@@ -416,8 +420,8 @@ static PyMethodDef engine_methods[] = {
      "begin(slot, detached=False, total=-1, reserved=-1) -> scope id."},
     {"end", engine_end, METH_VARARGS,
      "end(slot, scope_id) -> figures of the closed scope."},
-    {"stats", engine_stats, METH_VARARGS,
-     "stats(slot, scope_id) -> figures of an open scope so far."},
+    {"stats", (PyCFunction)(void (*)(void))engine_stats, METH_VARARGS | METH_KEYWORDS,
+     "stats(slot, scope_id, sites=False) -> figures of an open scope so far (with sites: its site tables too)."},
     {"totals", engine_totals, METH_VARARGS,
      "totals(slot) -> (total, reserved or None), or None if never used."},
     {"blocks", engine_blocks, METH_VARARGS,

@@ -11,6 +11,21 @@ Scope_fini(Scope *self)
     memset(&self->sites, 0, sizeof(self->sites));
 }
 
+int
+SiteStats_copy(SiteStats *dst, const SiteStats *src)
+{
+    memset(dst, 0, sizeof(*dst));
+    dst->oom = src->oom;
+    if (src->cap == 0)
+        return 0;
+    dst->cells = malloc(src->cap * sizeof(SiteCell));
+    if (dst->cells == NULL)
+        return -1;
+    memcpy(dst->cells, src->cells, src->cap * sizeof(SiteCell));
+    dst->cap = src->cap;
+    return 0;
+}
+
 void
 ScopeStack_fini(ScopeStack *self)
 {

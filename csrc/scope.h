@@ -50,6 +50,9 @@ typedef struct Scope {
 
 /* Frees what a popped scope owns (its site tables). */
 void Scope_fini(Scope *self);
+/* A copy of the site figures (no dirty list), for reading an open scope;
+ * -1 when out of memory. */
+int SiteStats_copy(SiteStats *dst, const SiteStats *src);
 
 typedef struct ScopeStack {
     Scope scopes[SCOPE_MAX_DEPTH];

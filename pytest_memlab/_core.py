@@ -133,10 +133,11 @@ class Bridge:
         self._cpu_users += 1 if on else -1
         self.lib.memlab_bridge_set_cpu(1 if self._cpu_users > 0 else 0)
 
-    def cuda(self, on: bool) -> None:
-        """Attaches the trace tracker once CUDA is initialised, and gates it
-        on while any CUDA scope is open."""
-        if on and self.tracker is None:
+    def cuda(self, on: bool, initialized: bool = True) -> None:
+        """Attaches the trace tracker once CUDA is initialised (attached
+        before, it would hear nothing), and gates it on while any CUDA scope
+        is open."""
+        if on and self.tracker is None and initialized:
             if os.environ.get("MEMLAB_CUDA_TRACKER", "1") == "0":
                 self.tracker = "turned off by MEMLAB_CUDA_TRACKER=0"
             else:

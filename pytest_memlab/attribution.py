@@ -1,157 +1,21 @@
-"""Line-level attribution: which code is the user's, the tracer's lifetime,
-and allocation sites turned into what a person reads.
+"""Line-level attribution: allocation sites and lines turned into what a
+person reads (files, lines, functions, source).
 
-The C tracer (csrc/tracer.c) asks :class:`Scope` once per code object
-whether it is user code; user frames get line events, the rest none.  The
-engine then records, per allocation, the user call chain it came from (a
-site), and per scope the bytes each site held at the scope's peak.
+The engine records, per allocation, the user call chain it came from (a
+site, interned by the C tracer), and per scope the bytes each site held at
+the scope's peak; the tracer keeps per-line figures.  Turning their ids into
+frames is cached per code object and line: a test that passes never needs
+more than its few heaviest lines.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import linecache
 import os
-import sys
-import sysconfig
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ._core import engine
-from .sizes import format_size
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _library_roots() -> tuple[str, ...]:
-    roots = set()
-    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
-        try:
-            roots.add(os.path.realpath(sysconfig.get_path(name)))
-        except KeyError:
-            pass
-    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
-        roots.add(os.path.realpath(os.path.join(prefix, "lib")))
-    return tuple(sorted(roots))
-
-
-class Scope:
-    """Decides whether a code object is user code, once per file, plus the
-    functions that the laboratory API was given explicitly."""
-
-    def __init__(self) -> None:
-        self.rootdir: str | None = None
-        self.include: tuple[str, ...] = ()
-        self.codes: dict[object, int] = {}   # code -> how many profilers hold it
-        self.paths_on = False                # the plugin's path rule is in force
-        self._by_file: dict[str, bool] = {}
-        self._libs = _library_roots()
-
-    def configure(self, rootdir: str | os.PathLike, include: tuple[str, ...] = ()) -> None:
-        self.rootdir = os.path.realpath(str(rootdir))
-        self.include = tuple(include)
-        self._by_file.clear()
-
-    def file_in_scope(self, filename: str) -> bool:
-        if filename.startswith("<") and filename.endswith(">"):
-            return False  # <string>, <frozen ...>: no source to show
-        path = os.path.realpath(os.path.abspath(filename))
-        if path.startswith(_PACKAGE_DIR + os.sep):
-            return False
-        if self.include:
-            rel = os.path.relpath(path, self.rootdir) if self.rootdir else path
-            return any(fnmatch.fnmatch(path, g) or fnmatch.fnmatch(rel, g) for g in self.include)
-        if self.rootdir is None or not (path + os.sep).startswith(self.rootdir + os.sep):
-            return False
-        if any(part in ("site-packages", "dist-packages") for part in Path(path).parts):
-            return False
-        return not any(path.startswith(lib + os.sep) for lib in self._libs if lib != self.rootdir
-                       and not self.rootdir.startswith(lib + os.sep))
-
-    def __call__(self, code) -> bool:
-        if code in self.codes:
-            return True
-        if not self.paths_on:
-            return False
-        filename = code.co_filename
-        verdict = self._by_file.get(filename)
-        if verdict is None:
-            verdict = self._by_file[filename] = self.file_in_scope(filename)
-        return verdict
-
-
-class Tracing:
-    """The one tracer of the process, shared: the plugin turns the path rule
-    on for a measured test, profilers add their functions; the C tracer runs
-    while anyone holds it."""
-
-    def __init__(self) -> None:
-        self.scope = Scope()
-        self.users = 0
-        self.off_reason = ""
-
-    def conflict(self) -> str:
-        """Why the tracer cannot run now ("" if it can)."""
-        if sys.version_info < (3, 12):
-            other = sys.gettrace()
-            if other is not None and self.users == 0:
-                name = type(other).__module__ + "." + type(other).__qualname__
-                return (f"another trace function is active ({name}; coverage or a debugger?): on Python "
-                        f"{sys.version_info.major}.{sys.version_info.minor} memlab would replace it, so line "
-                        "attribution is off (on Python 3.12+ both work)")
-        return ""
-
-    def _remember(self, paths: bool, codes) -> bool:
-        """Adds to the scope; True if that changed what is in it."""
-        changed = False
-        if paths and not self.scope.paths_on:
-            self.scope.paths_on = changed = True
-        for code in codes:
-            count = self.scope.codes.get(code, 0)
-            self.scope.codes[code] = count + 1
-            changed |= count == 0
-        return changed
-
-    def extend(self, codes) -> None:
-        """A holder adds functions while the tracer runs (released with it)."""
-        if self._remember(False, codes) and self.users > 0:
-            engine.tracer_redecide()
-
-    def acquire(self, *, paths: bool = False, codes=()) -> bool:
-        """Starts or joins the tracer; False (with off_reason) if it cannot run."""
-        changed = self._remember(paths, codes)
-        if self.users == 0:
-            reason = self.conflict()
-            if reason:
-                self.off_reason = reason
-                self._forget(paths, codes)
-                return False
-            engine.tracer_start(self.scope)
-        elif changed:
-            engine.tracer_redecide()
-        self.users += 1
-        return True
-
-    def _forget(self, paths: bool, codes) -> None:
-        if paths:
-            self.scope.paths_on = False
-        for code in codes:
-            count = self.scope.codes.get(code, 0) - 1
-            if count <= 0:
-                self.scope.codes.pop(code, None)
-            else:
-                self.scope.codes[code] = count
-
-    def release(self, *, paths: bool = False, codes=()) -> None:
-        self.users -= 1
-        self._forget(paths, codes)
-        if self.users == 0:
-            engine.tracer_stop()
-        elif paths or codes:
-            engine.tracer_redecide()
-
-
-tracing = Tracing()
+from .tracing import tracing
 
 
 @dataclass(frozen=True)
@@ -175,16 +39,28 @@ class Frame:
         return {"file": self.file, "line": self.line, "function": self.function}
 
 
-def _shown(path: str) -> str:
-    root = tracing.scope.rootdir
-    if root and (path + os.sep).startswith(root + os.sep):
-        return os.path.relpath(path, root)
-    return path
+# Caches keyed by the rootdir too: paths are shown relative to it.
+_FRAMES: dict = {}   # (rootdir, code, lineno) -> Frame
+_PATHS: dict = {}    # (rootdir, co_filename) -> (absolute path, shown path)
+
+
+def _paths_of(root: str | None, filename: str) -> tuple[str, str]:
+    paths = _PATHS.get((root, filename))
+    if paths is None:
+        path = os.path.realpath(os.path.abspath(filename))
+        shown = os.path.relpath(path, root) if root and (path + os.sep).startswith(root + os.sep) else path
+        paths = _PATHS[(root, filename)] = (path, shown)
+    return paths
 
 
 def frame_of(code, lineno: int) -> Frame:
-    path = os.path.realpath(os.path.abspath(code.co_filename))
-    return Frame(_shown(path), path, lineno, getattr(code, "co_qualname", code.co_name))
+    root = tracing.scope.rootdir
+    frame = _FRAMES.get((root, code, lineno))
+    if frame is None:
+        path, shown = _paths_of(root, code.co_filename)
+        frame = Frame(shown, path, lineno, getattr(code, "co_qualname", code.co_name))
+        _FRAMES[(root, code, lineno)] = frame
+    return frame
 
 
 def chain_of(site: int) -> list[Frame]:
@@ -202,42 +78,26 @@ class SiteBytes:
 
 @dataclass
 class Attribution:
-    """Where a scope's own peak came from."""
+    """Where a scope's own peak came from: site ids from the engine, turned
+    into frames only when someone reads them."""
 
-    peak_chain: list[Frame] = field(default_factory=list)
-    at_peak: list[SiteBytes] = field(default_factory=list)   # heaviest first
+    peak_site: int = 0
+    site_bytes: list = field(default_factory=list)   # (site, bytes) at the peak
     complete: bool = True
 
     @classmethod
     def from_scope(cls, figures: dict) -> "Attribution":
-        at_peak = [SiteBytes(b, chain_of(site)) for site, b in figures.get("at_peak", ()) if b > 0]
-        at_peak.sort(key=lambda s: -s.bytes)
-        return cls(chain_of(figures.get("peak_site", 0)), at_peak, figures.get("sites_complete", True))
+        return cls(figures.get("peak_site", 0), [(s, b) for s, b in figures.get("at_peak", ()) if b > 0],
+                   figures.get("sites_complete", True))
 
-    def describe(self, peak: int, top: int) -> list[str]:
-        """The lines a failure prints under its first line."""
-        if not self.at_peak and not self.peak_chain:
-            return []
-        lines = []
-        if self.peak_chain:
-            lines.append(f"  peak reached in {self.peak_chain[0]}")
-            lines.extend(f"                <- {caller}" for caller in self.peak_chain[1:])
-        lines.append("  live at the peak, by the line that allocated it (user call chain):")
-        for entry in self.at_peak[:top]:
-            share = f"{100 * entry.bytes / peak:.0f}%" if peak else ""
-            size = format_size(entry.bytes)
-            if entry.chain:
-                lines.append(f"    {size:>10} {share:>4}  {entry.chain[0]}")
-                pad = " " * 21
-                lines.extend(f"    {pad}<- {caller}" for caller in entry.chain[1:])
-            else:
-                lines.append(f"    {size:>10} {share:>4}  (outside user code)")
-        rest = self.at_peak[top:]
-        if rest:
-            lines.append(f"    ... and {len(rest)} more sites, {format_size(sum(e.bytes for e in rest))}")
-        if not self.complete:
-            lines.append("  (site figures incomplete: memlab ran out of memory for its tables)")
-        return lines
+    @property
+    def peak_chain(self) -> list[Frame]:
+        return chain_of(self.peak_site)
+
+    @property
+    def at_peak(self) -> list[SiteBytes]:
+        """What was live at the peak, by allocating site, heaviest first."""
+        return [SiteBytes(b, chain_of(site)) for site, b in sorted(self.site_bytes, key=lambda sb: -sb[1])]
 
 
 @dataclass

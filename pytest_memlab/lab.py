@@ -24,8 +24,10 @@ import sys
 from dataclasses import dataclass
 
 from ._core import BRIDGE, core
-from .attribution import line_stats, tracing
-from .measure import make_meter, resolve_device, slot_of
+from .attribution import line_stats
+from .devices import CPU, DeviceError, parse_device, resolve, slot_of
+from .measure import make_meter
+from .tracing import tracing
 from .sizes import format_size
 
 DEFAULT_COLUMNS = ("active_bytes.all.peak", "reserved_bytes.all.peak")
@@ -70,21 +72,11 @@ def _target_device(target) -> str:
     CUDA, else the CPU)."""
     if target is None:
         c = core()
-        return "cuda:0" if c.torch is not None and c.torch.cuda.is_available() else "cpu"
-    if isinstance(target, str):
-        if target == "cpu":
-            return "cpu"
-        if target == "cuda":
-            return "cuda:0"
-        if target.startswith("cuda:") and target[5:].isdigit():
-            return target
-    if isinstance(target, bool):
-        raise ValueError(f"target_gpu={target!r} is not a device")
-    if isinstance(target, int):
-        return f"cuda:{target}"
-    if type(target).__name__ == "device":  # torch.device
-        return "cpu" if target.type == "cpu" else f"cuda:{target.index or 0}"
-    raise ValueError(f"target_gpu={target!r} is not a device (an int, 'cuda:N', 'cpu' or a torch.device)")
+        return "cuda:0" if c.torch is not None and c.torch.cuda.is_available() else CPU
+    try:
+        return parse_device(target, default_cuda="cuda:0")
+    except DeviceError:
+        raise ValueError(f"target_gpu={target!r} is not a device (an int, 'cuda:N', 'cpu' or a torch.device)") from None
 
 
 @dataclass
@@ -140,7 +132,7 @@ class LineProfiler:
         if c.name != BRIDGE:
             self.off_reason = f"the engine is not fed ({c.reason})"
             return
-        concrete, reason = resolve_device(c, device)
+        concrete, reason = resolve(c, device)
         if reason:
             self.off_reason = f"{device}: {reason}"
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .devices import DeviceError, parse_device
 from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 
 MARKERS = {
@@ -49,23 +50,12 @@ class MemorySpec:
 def _parse_device(value: object) -> str | None:
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise MarkerError(f"device={value!r} is not a CUDA device")
-    if isinstance(value, int):
-        if value < 0:
-            raise MarkerError(f"device={value!r} is negative")
-        return f"cuda:{value}"
-    if type(value).__name__ == "device" and hasattr(value, "type"):  # torch.device
-        if value.type != "cuda":
-            raise MarkerError(f"device={value!r} is not a CUDA device")
-        return "cuda" if value.index is None else f"cuda:{value.index}"
-    if isinstance(value, str):
-        text = value.strip()
-        if text == "cuda":
-            return "cuda"
-        if text.startswith("cuda:") and text[5:].isdigit():
-            return f"cuda:{int(text[5:])}"
-    raise MarkerError(f"device={value!r} is not a CUDA device (expected 'cuda', 'cuda:N', an int or a torch.device)")
+    try:
+        return parse_device(value, allow_cpu=False)
+    except DeviceError:
+        raise MarkerError(
+            f"device={value!r} is not a CUDA device (expected 'cuda', 'cuda:N', an int or a torch.device)"
+        ) from None
 
 
 def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:

@@ -5,12 +5,13 @@ devices (a Measurement, which is also what the ``memlab`` fixture returns).
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ._core import BRIDGE, COUNTERS, Core, engine
-from .attribution import Attribution, LineStat, line_stats, tracing
-from .sizes import format_size, parse_size
+from .attribution import Attribution, LineStat, line_stats
+from .devices import CPU, cuda_index, resolve, slot_of
+from .sizes import parse_size
+from .tracing import WINDOWED, tracing
 
 
 class MemoryBudgetExceeded(AssertionError):
@@ -50,11 +51,6 @@ class DeviceFigures:
         return props
 
 
-def slot_of(device: str) -> int:
-    """The engine's slot of a device: 0 the CPU, 1 + i cuda:i."""
-    return engine.SLOT_CPU if device == "cpu" else 1 + int(device.split(":")[1])
-
-
 class EngineMeter:
     """One scope of the C engine on one device."""
 
@@ -68,17 +64,24 @@ class EngineMeter:
     def begin(self) -> None:
         bridge = self.core.bridge
         total = reserved = -1
-        if self.device != "cpu":
-            torch = self.core.torch
-            index = int(self.device.split(":")[1])
-            torch.cuda.init()
-            total = torch.cuda.memory_allocated(index)
-            reserved = torch.cuda.memory_reserved(index)
+        initialized = False
+        if self.device != CPU:
+            cuda = self.core.torch.cuda
+            # Never initialise CUDA for a test that may not use it: until it
+            # is initialised it holds nothing, and the reporter hears its
+            # first allocations with their totals all the same.
+            initialized = cuda.is_initialized()
+            if initialized:
+                index = cuda_index(self.device)
+                total = cuda.memory_allocated(index)
+                reserved = cuda.memory_reserved(index)
+            else:
+                total = reserved = 0
         bridge.install()  # on this thread, until the scope ends
-        if self.device == "cpu":
+        if self.device == CPU:
             bridge.cpu(True)
         else:
-            bridge.cuda(True)
+            bridge.cuda(True, initialized)
         try:
             self.scope_id = engine.begin(self.slot, detached=self.detached, total=total, reserved=reserved)
         except BaseException:
@@ -87,7 +90,7 @@ class EngineMeter:
 
     def _release(self) -> None:
         bridge = self.core.bridge
-        if self.device == "cpu":
+        if self.device == CPU:
             bridge.cpu(False)
         else:
             bridge.cuda(False)
@@ -101,8 +104,13 @@ class EngineMeter:
             allocs=s["allocs"], frees=s["frees"],
         )
 
-    def stats(self) -> DeviceFigures:
-        return self._figures(engine.stats(self.slot, self.scope_id))
+    def stats(self, sites: bool = False) -> DeviceFigures:
+        """Figures so far; with sites, where the peak came from too."""
+        raw = engine.stats(self.slot, self.scope_id, sites=sites)
+        figures = self._figures(raw)
+        if sites:
+            figures.attribution = Attribution.from_scope(raw)
+        return figures
 
     def total_now(self) -> int:
         return engine.totals(self.slot)[0]
@@ -127,7 +135,7 @@ class CounterMeter:
     def __init__(self, core: Core, device: str, detached: bool = False):
         self.core = core
         self.device = device
-        self.index = int(device.split(":")[1])
+        self.index = cuda_index(device)
         self.seen_max = 0
         self.seen_max_reserved = 0
 
@@ -147,7 +155,7 @@ class CounterMeter:
         self.seen_max_reserved = cuda.memory_reserved(self.index)
         self._open.setdefault(self.device, []).append(self)
 
-    def stats(self) -> DeviceFigures:
+    def stats(self, sites: bool = False) -> DeviceFigures:
         cuda = self.core.torch.cuda
         peak_total = max(self.seen_max, cuda.max_memory_allocated(self.index))
         return DeviceFigures(
@@ -170,26 +178,6 @@ class CounterMeter:
             meter.seen_max = max(meter.seen_max, figures.peak_total)
             meter.seen_max_reserved = max(meter.seen_max_reserved, figures.reserved_peak)
         return figures
-
-
-def resolve_device(core: Core, device: str) -> tuple[str, str]:
-    """Turns a spec's device into a concrete one, or says why it cannot be
-    measured: returns (device, reason); reason is empty when measurable."""
-    if core.name not in (BRIDGE, COUNTERS):
-        return device, core.reason
-    if device == "cpu":
-        if core.name != BRIDGE:
-            return device, f"CPU memory is measured only through the torch bridge ({core.reason})"
-        return device, ""
-    cuda = core.torch.cuda
-    if not cuda.is_available():
-        return device, "CUDA is not available"
-    if device == "cuda":
-        return f"cuda:{cuda.current_device()}", ""
-    index = int(device.split(":")[1])
-    if index >= cuda.device_count():
-        return device, f"{device} does not exist ({cuda.device_count()} CUDA devices)"
-    return device, ""
 
 
 def make_meter(core: Core, device: str, detached: bool = False):
@@ -216,13 +204,14 @@ class Measurement:
     def __init__(self, core: Core, devices: list[str], trace: bool = True):
         self.core = core
         self.trace = trace and core.name == BRIDGE
-        self.traced = False
         self.trace_note = ""
+        self._tracing = 0        # windows open now (and the span on 3.12+)
+        self._traced_once = False
         self.meters = {}
         self.unmeasured: dict[str, str] = {}
         self.resolved: dict[str, str] = {}  # requested ("cuda") -> concrete
         for device in devices:
-            concrete, reason = resolve_device(core, device)
+            concrete, reason = resolve(core, device)
             self.resolved[device] = concrete
             if reason:
                 self.unmeasured[concrete] = reason
@@ -245,12 +234,30 @@ class Measurement:
             for meter in reversed(started):
                 meter.end()
             raise
-        if self.trace and self.meters:
-            self.traced = tracing.acquire(paths=True)
-            if self.traced:
-                engine.tracer_reset_lines()
-            else:
+        self.trace = self.trace and bool(self.meters)
+        if self.trace:
+            engine.tracer_reset_lines()
+            if not WINDOWED:
+                self._trace_on()
+
+    def _trace_on(self) -> None:
+        if self._tracing == 0:
+            if not tracing.acquire(paths=True):
                 self.trace_note = tracing.off_reason
+                return
+            self._traced_once = True
+        self._tracing += 1
+
+    def _trace_off(self) -> None:
+        if self._tracing > 0:
+            self._tracing -= 1
+            if self._tracing == 0:
+                tracing.release(paths=True)
+
+    def window(self) -> "TraceWindow":
+        """A region where user code may run (fixture setup, the test call,
+        teardown): traced on Pythons where tracing costs every frame."""
+        return TraceWindow(self)
 
     def end(self) -> dict[str, DeviceFigures]:
         figures: dict[str, DeviceFigures] = {}
@@ -261,12 +268,12 @@ class Measurement:
             except Exception as exc:  # keep closing the others
                 error = error or exc
                 figures[device] = DeviceFigures(device, False, reason=f"measurement failed: {exc}")
-        if self.traced:
-            self.traced = False
-            try:
-                tracing.release(paths=True)
-            except Exception as exc:  # a scope decision raised: say so
-                error = error or exc
+        try:
+            while self._tracing:
+                self._trace_off()
+        except Exception as exc:  # a scope decision raised: say so
+            error = error or exc
+        if self._traced_once:
             for device, fig in figures.items():
                 if fig.measured:
                     fig.lines = line_stats(slot_of(device))
@@ -284,7 +291,7 @@ class Measurement:
             raise RuntimeError("this test measures no device")
         return self.devices[0]
 
-    def figures(self, device: str | None = None) -> DeviceFigures:
+    def figures(self, device: str | None = None, sites: bool = False) -> DeviceFigures:
         """Figures so far (or final, after the test) for a device."""
         device = device or self.primary
         if self.final is not None:
@@ -293,7 +300,7 @@ class Measurement:
             return DeviceFigures(device, False, reason=self.unmeasured[device])
         if device not in self.meters:
             raise KeyError(f"{device} is not measured in this test (measured: {', '.join(self.devices)})")
-        return self.meters[device].stats()
+        return self.meters[device].stats(sites=sites)
 
     @property
     def peak(self) -> int | None:
@@ -327,43 +334,58 @@ class Measurement:
         self.marks.append(mark)
         return mark
 
-    @contextmanager
-    def limit(self, max, device: str | None = None):
-        """A budget on a region: if the region's own peak exceeds ``max``,
-        raises MemoryBudgetExceeded at the end of the block."""
+    def limit(self, max, device: str | None = None) -> "Limit":
+        """A budget on a region: ``with memlab.limit("1G"): ...`` raises
+        MemoryBudgetExceeded at the end of the block if the region's own
+        peak exceeds it."""
         budget = parse_size(max)
         device = device or self.primary
         if device not in self.meters:
             reason = self.unmeasured.get(device, f"{device} is not measured in this test")
             raise RuntimeError(f"memlab.limit({max!r}) cannot measure {device}: {reason}")
-        meter = make_meter(self.core, device)
-        meter.begin()
-        region = Region(device, budget)
-        try:
-            yield region
-        finally:
-            region.figures = meter.end()
-        if region.figures.peak is not None and region.figures.peak > budget:
-            raise MemoryBudgetExceeded(
-                budget_failure(device, "peak", region.figures.peak, "limit", budget, region.figures, top=5)
-            )
+        return Limit(self.core, device, budget)
 
 
-@dataclass
-class Region:
-    device: str
-    budget: int
-    figures: DeviceFigures | None = None
+class TraceWindow:
+    def __init__(self, measurement: Measurement):
+        self.measurement = measurement
+
+    def __enter__(self):
+        m = self.measurement
+        self.on = WINDOWED and m.trace and m.final is None
+        if self.on:
+            m._trace_on()
+        return self
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.measurement._trace_off()
+        return False
 
 
-def budget_failure(device: str, what: str, value: int, name: str, budget: int, figures: DeviceFigures,
-                   top: int = 5) -> str:
-    """A failure, shortest first: the figure, the budget and the excess; then
-    where the own peak was reached and what was live then, by site."""
-    lines = [f"{device} {what} {format_size(value)} exceeds {name} {format_size(budget)} by {format_size(value - budget)}"]
-    if figures.attribution is not None and figures.peak:
-        lines += figures.attribution.describe(figures.peak, top)
-    lines.append(f"  exactly {value} B against {budget} B")
-    if figures.estimated:
-        lines.append(f"  ({figures.reason})")
-    return "\n".join(lines)
+class Limit:
+    """``memlab.limit``: a region measured in a scope of its own."""
+
+    def __init__(self, core: Core, device: str, budget: int):
+        self.device = device
+        self.budget = budget
+        self.figures: DeviceFigures | None = None
+        self._meter = make_meter(core, device)
+
+    def __enter__(self) -> "Limit":
+        self._meter.begin()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        __tracebackhide__ = True
+        self.figures = self._meter.end()
+        if exc_type is None and self.figures.peak is not None and self.figures.peak > self.budget:
+            from .text import budget_failure
+            from .verdict import Exceeded
+
+            raise MemoryBudgetExceeded(budget_failure(
+                Exceeded(self.device, "peak", self.figures.peak, "limit", self.budget), self.figures, top=5))
+        return False
+
+
+Region = Limit  # the name earlier versions gave the object a limit yields

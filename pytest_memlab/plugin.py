@@ -1,87 +1,40 @@
-"""pytest-memlab's pytest plugin: options, markers, per-test bracketing and
-verdicts.
+"""pytest-memlab's pytest plugin: the hooks, and only the hooks.
 
-A measured test runs through :meth:`MemlabPlugin.pytest_runtest_protocol`,
-which opens the measurement before setup and closes it after teardown, so
-that function-scoped fixtures count, then judges the figures and only then
-logs the reports: a budget failure fails the test's call phase, as a failed
-assertion would, instead of surfacing as an error at teardown.
+A measured test is measured from the start of its setup to the end of its
+teardown (function-scoped fixtures count) through hook wrappers, so that
+plugins that run the test protocol themselves (pytest-rerunfailures, and
+whoever else) keep doing so: each run of the protocol is one measurement.
+Budgets are judged when the call's report is made, on the figures of setup
+and call, so that an exceeded budget fails the call as a failed assertion
+would; what only teardown pushes over a budget fails teardown.  The final
+figures ride on the teardown report's ``user_properties`` (junit, xdist).
+
+memlab's own trouble never fails a user's test: the test runs unmeasured and
+the summary says why (``MEMLAB_CORE=bridge`` asks for the opposite: a
+missing bridge is then an error of the test's setup, naming memlab).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import dataclass, field
 
 import pytest
-from _pytest.runner import runtestprotocol
 
-from .attribution import tracing
+from .devices import default_device
 from .markers import MARKERS, MarkerError, MemorySpec, specs_for
-from .measure import DeviceFigures, Measurement, budget_failure, make_meter
-from .sizes import format_size
+from .measure import Measurement, make_meter
+from .options import Options, add_options
+from .results import DeviceResult, TestResult, decode, encode
+from .text import budget_failure, summary
+from .tracing import tracing
+from .verdict import exceeded
 
 SPECS = pytest.StashKey[list]()
-MEASUREMENT = pytest.StashKey[Measurement]()
-REPORT_KINDS = ("term",)
-
-
-def _report_spec(value: str) -> tuple[str, ...]:
-    """Checks --memlab-report at parse time."""
-    parts = tuple(p.strip() for p in value.split(",") if p.strip()) or ("term",)
-    for part in parts:
-        kind = part.split(":", 1)[0]
-        if kind in ("json", "html"):
-            raise argparse.ArgumentTypeError(
-                f"{part!r}: the {kind} report is not available in this version of pytest-memlab (use 'term')"
-            )
-        if part not in REPORT_KINDS:
-            raise argparse.ArgumentTypeError(
-                f"{part!r} is not a report (expected a comma list of: term); "
-                "write --memlab-report=SPEC so that a path after it is not taken for SPEC"
-            )
-    return parts
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
-    return n
+RUNNING = pytest.StashKey["Running"]()
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("memlab", "memory budgets and measurement (pytest-memlab)")
-    group.addoption(
-        "--memlab", action="store_true", default=None,
-        help="measure every test, marked or not (ini: memlab)",
-    )
-    group.addoption(
-        "--memlab-report", nargs="?", const=("term",), default=None, type=_report_spec, metavar="SPEC",
-        help="report the measured tests; implies --memlab. SPEC: 'term' (default) (ini: memlab_report)",
-    )
-    group.addoption(
-        "--memlab-require-cuda", action="store_true", default=None,
-        help="a cuda_memory test that cannot be measured (no CUDA) fails (ini: memlab_require_cuda)",
-    )
-    group.addoption(
-        "--memlab-top", type=_positive_int, default=None, metavar="N",
-        help="lines and tensors shown per test in failures and reports (default 5) (ini: memlab_top)",
-    )
-    group.addoption(
-        "--memlab-include", action="append", default=None, metavar="GLOB",
-        help="files whose lines get attributed (repeatable; default: files under rootdir outside "
-             "site-packages and the stdlib) (ini: memlab_include)",
-    )
-    parser.addini("memlab", type="bool", default=False, help="measure every test, marked or not")
-    parser.addini("memlab_top", default="5", help="as --memlab-top")
-    parser.addini("memlab_include", type="linelist", default=[], help="as --memlab-include")
-    parser.addini("memlab_report", default="", help="report spec, as --memlab-report")
-    parser.addini("memlab_require_cuda", type="bool", default=False, help="as --memlab-require-cuda")
+    add_options(parser)
 
 
 def pytest_configure(config):
@@ -90,67 +43,15 @@ def pytest_configure(config):
     config.pluginmanager.register(MemlabPlugin(config), "memlab-manager")
 
 
-def _option(config, name: str, ini: str):
-    value = config.getoption(name)
-    return config.getini(ini) if value is None else value
-
-
 @dataclass
-class DeviceResult:
-    """One device's figures and budgets of one test, as the reports show it."""
+class Running:
+    """One run of one test's protocol, while memlab measures it."""
 
-    device: str
-    measured: bool = True
-    reason: str = ""
-    peak: int | None = None
-    peak_total: int | None = None
-    reserved_peak: int | None = None
-    leaked: int | None = None
-    max: int | None = None
-    max_total: int | None = None
-    max_reserved: int | None = None
-    top: list = field(default_factory=list)  # heaviest lines: {file, line, function, bytes, peak_total}
-
-
-@dataclass
-class TestResult:
-    nodeid: str
-    outcome: str = ""
-    devices: dict[str, DeviceResult] = field(default_factory=dict)
-
-
-def _properties(device: str, figures: DeviceFigures, spec: MemorySpec | None) -> list[tuple[str, object]]:
-    props = figures.as_properties()
-    if not figures.measured:
-        props.append((f"memlab.{device}.reason", figures.reason))
-    if spec is not None:
-        for key in ("max", "max_total", "max_reserved"):
-            if getattr(spec, key) is not None:
-                props.append((f"memlab.{device}.{key}", getattr(spec, key)))
-    return props
-
-
-def _result_from_properties(nodeid: str, props) -> TestResult | None:
-    """Rebuilds a test's figures from its report (also under xdist, where the
-    controller only sees the reports)."""
-    result = None
-    for name, value in props:
-        if not isinstance(name, str) or not name.startswith("memlab."):
-            continue
-        device, _, key = name[len("memlab."):].rpartition(".")
-        result = result or TestResult(nodeid)
-        dev = result.devices.setdefault(device, DeviceResult(device))
-        if key == "top":
-            dev.top = json.loads(value)
-        elif key == "measured":
-            dev.measured = False
-        elif key == "reason":
-            dev.reason = str(value)
-        elif key == "leaked":
-            dev.leaked = int(value)
-        elif hasattr(dev, key):
-            setattr(dev, key, int(value))
-    return result
+    specs: list
+    measurement: Measurement | None = None
+    figures: dict | None = None           # final, after teardown
+    failed: dict = field(default_factory=dict)   # Exceeded.key -> Exceeded
+    error: str = ""                       # memlab's own trouble
 
 
 class MemlabPlugin:
@@ -158,30 +59,39 @@ class MemlabPlugin:
 
     def __init__(self, config):
         self.config = config
-        report = _option(config, "memlab_report", "memlab_report")
-        if isinstance(report, str):
-            try:
-                report = _report_spec(report) if report.strip() else None
-            except argparse.ArgumentTypeError as exc:
-                raise pytest.UsageError(f"ini memlab_report: {exc}") from None
-        self.report = report
-        self.measure_all = bool(_option(config, "memlab", "memlab")) or bool(report)
-        self.require_cuda = bool(_option(config, "memlab_require_cuda", "memlab_require_cuda"))
-        top = _option(config, "memlab_top", "memlab_top")
-        try:
-            self.top = _positive_int(str(top))
-        except argparse.ArgumentTypeError as exc:
-            raise pytest.UsageError(f"ini memlab_top: {exc}") from None
-        include = config.getoption("memlab_include") or config.getini("memlab_include")
-        tracing.scope.configure(config.rootpath, tuple(include))
+        self.options = Options.from_config(config)
+        tracing.scope.configure(config.rootpath, self.options.include)
         self.trace_notes: set[str] = set()
         self.current: Measurement | None = None
         self.results: dict[str, TestResult] = {}
+        self._outcomes: dict[str, str] = {}
         self.backend = ""
+        self._worker = hasattr(config, "workerinput")
 
     # -- collection -----------------------------------------------------------
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_make_collect_report(self, collector):
+        """A bad marker is a collection error of its module that names the
+        test and the value: the same with and without pytest-xdist."""
+        outcome = yield
+        report = outcome.get_result()
+        if not report.passed:
+            return
+        errors = []
+        for node in report.result:
+            if isinstance(node, pytest.Item):
+                try:
+                    node.stash[SPECS] = specs_for(node)
+                except MarkerError as exc:
+                    errors.append(f"{node.nodeid}: {exc}")
+        if errors:
+            report.outcome = "failed"
+            report.longrepr = "pytest-memlab: bad memory marker\n  " + "\n  ".join(errors)
+            report.result = []
+
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
+        """Markers that hooks added after collection are read here."""
         errors = []
         for item in items:
             try:
@@ -189,201 +99,186 @@ class MemlabPlugin:
             except MarkerError as exc:
                 errors.append(f"{item.nodeid}: {exc}")
                 continue
-            if not specs and (self.measure_all or "memlab" in getattr(item, "fixturenames", ())):
+            if not specs and (self.options.measure_all or "memlab" in getattr(item, "fixturenames", ())):
                 specs = [MemorySpec(kind="auto", device=None, leaks=None, marked=False)]
-            if specs:
-                item.stash[SPECS] = specs
+            item.stash[SPECS] = specs
         if errors:
             raise pytest.UsageError("pytest-memlab: bad memory marker\n  " + "\n  ".join(errors))
 
-    # -- running --------------------------------------------------------------
+    # -- measuring ------------------------------------------------------------
     @staticmethod
     def _requested(core, spec: MemorySpec) -> str:
-        """The device a spec asks for; an unmarked test measured because of
-        --memlab or the fixture measures CUDA where there is CUDA, else the CPU."""
-        if spec.kind != "auto":
-            return spec.device
-        cuda_ok = core.torch is not None and core.torch.cuda.is_available()
-        return "cuda" if cuda_ok else "cpu"
+        return default_device(core) if spec.kind == "auto" else spec.device
 
-    def _start(self, specs):
-        from ._core import core
-
-        c = core()
-        self.backend = f"{c.name}: {c.reason}"
-        devices = list(dict.fromkeys(self._requested(c, spec) for spec in specs))
-        measurement = Measurement(c, devices)
-        measurement.begin()
-        return measurement
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_protocol(self, item, nextitem):
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item):
         specs = item.stash.get(SPECS, None)
-        if not specs:
+        required = self._begin(item, specs) if specs else None
+        yield
+        if required:  # after the inner wrappers, which must finish their setup
+            pytest.fail(required, pytrace=False)
+
+    def _begin(self, item, specs) -> str | None:
+        """Opens the measurement; returns a failure to raise when a backend
+        that MEMLAB_CORE required is missing."""
+        from ._core import MemlabCoreError, core
+
+        running = item.stash[RUNNING] = Running(specs)
+        try:
+            c = core()
+            self.backend = f"{c.name}: {c.reason}"
+            devices = list(dict.fromkeys(self._requested(c, spec) for spec in specs))
+            measurement = Measurement(c, devices)
+            measurement.begin()
+        except MemlabCoreError as exc:  # MEMLAB_CORE=bridge asked for this
+            running.error = str(exc)
+            return f"pytest-memlab: {exc}"
+        except Exception as exc:
+            running.error = f"{type(exc).__name__}: {exc}"
             return None
-        ihook = item.ihook
-        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        problems = []
-        measurement = None
-        try:
-            measurement = self._start(specs)
-        except Exception as exc:  # never crash the session: fail this test
-            problems.append(f"pytest-memlab could not measure this test: {type(exc).__name__}: {exc}")
-        if measurement is not None:
-            item.stash[MEASUREMENT] = measurement
-        self.current = measurement
-        figures = {}
-        try:
-            reports = runtestprotocol(item, nextitem=nextitem, log=False)
-        finally:
-            self.current = None
-            if measurement is not None:
-                try:
-                    figures = measurement.end()
-                except Exception as exc:
-                    figures = measurement.final or {}
-                    problems.append(f"pytest-memlab lost part of this test's measurement: {type(exc).__name__}: {exc}")
-        self._judge(item, specs, measurement, figures, reports, problems)
-        for report in reports:
-            ihook.pytest_runtest_logreport(report=report)
-        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        return True
+        running.measurement = self.current = measurement
+        return None
 
-    def _judge(self, item, specs, measurement, figures, reports, problems):
-        failures = list(problems)
-        notes = []
-        props = []
-        for spec in specs:
-            if measurement is None:
-                break
-            device = measurement.resolved[self._requested(measurement.core, spec)]
-            fig = figures.get(device)
-            if fig is None:
-                continue
-            props += _properties(device, fig, spec if spec.marked else None)
-            if fig.lines:  # the per-line table, for reports (also under xdist)
-                top = sorted((ln for ln in fig.lines if ln.allocated > 0), key=lambda ln: -ln.allocated)
-                props.append((f"memlab.{device}.top", json.dumps(
-                    [{**ln.frame.as_dict(), "bytes": ln.allocated, "peak_total": ln.peak_total}
-                     for ln in top[:self.top]])))
-            if not fig.measured:
-                if spec.kind == "cuda" and spec.marked and self.require_cuda:
-                    failures.append(f"{device} not measured: {fig.reason} (--memlab-require-cuda)")
-                elif spec.marked:
-                    notes.append(f"{device} not measured: {fig.reason}")
-                continue
-            checks = (("peak", fig.peak, "max", spec.max),
-                      ("total peak", fig.peak_total, "max_total", spec.max_total),
-                      ("reserved peak", fig.reserved_peak, "max_reserved", spec.max_reserved))
-            for what, value, name, budget in checks:
-                if budget is not None and value is not None and value > budget:
-                    failures.append(budget_failure(device, what, value, name, budget, fig, self.top))
-        if measurement is not None and measurement.trace_note:
-            self.trace_notes.add(measurement.trace_note)
-            if failures:
-                failures.append(f"(line attribution: {measurement.trace_note})")
-        call = next((r for r in reports if r.when == "call"), None)
-        for report in reports:
-            if report.when in ("call", "teardown"):
-                report.user_properties.extend(props)
-        if call is None:
-            return
-        text = "\n\n".join(failures)
-        if notes:
-            call.sections.append(("memlab", "\n".join(notes)))
-        if not failures:
-            return
-        if call.passed and not hasattr(call, "wasxfail"):
-            call.outcome = "failed"
-            call.longrepr = text
-        else:
-            call.sections.append(("memlab", text))
-
-    @pytest.hookimpl(hookwrapper=True)
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_fixture_setup(self, fixturedef, request):
-        """Broader-scoped fixtures set up during a measured test are measured
-        apart (detached scopes): what they keep alive is not the test's."""
+        """Fixture code is user code (a trace window); broader-scoped
+        fixtures set up during a measured test are measured apart (detached
+        scopes): what they keep alive is not the test's."""
         measurement = self.current
-        if measurement is None or fixturedef.scope == "function" or measurement.core.name != "bridge":
+        if measurement is None:
             yield
             return
-        meters = [make_meter(measurement.core, device, detached=True) for device in measurement.meters]
+        meters = []
+        if fixturedef.scope != "function" and measurement.core.name == "bridge":
+            meters = [make_meter(measurement.core, device, detached=True) for device in measurement.meters]
         started = []
         try:
             for meter in meters:
                 meter.begin()
                 started.append(meter)
-            yield
+            with measurement.window():
+                yield
         finally:
             for meter in reversed(started):
                 meter.end()
 
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem):
+        running = pyfuncitem.stash.get(RUNNING, None)
+        if running is None or running.measurement is None:
+            yield
+            return
+        with running.measurement.window():
+            yield
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        running = item.stash.get(RUNNING, None)
+        if running is None or running.measurement is None:
+            yield
+            return
+        measurement = running.measurement
+        with measurement.window():
+            yield
+        self.current = None
+        try:
+            running.figures = measurement.end()
+        except Exception as exc:
+            running.figures = measurement.final or {}
+            running.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
+        if measurement.trace_note:
+            self.trace_notes.add(measurement.trace_note)
+
+    # -- verdicts ---------------------------------------------------------------
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        running = item.stash.get(RUNNING, None)
+        if running is None or call.when == "setup":
+            return
+        report = outcome.get_result()
+        try:
+            self._judge(running, report, final=call.when == "teardown")
+        except Exception as exc:  # memlab's trouble, never the test's
+            running.error = running.error or f"judging failed: {type(exc).__name__}: {exc}"
+        if call.when == "teardown":
+            report.user_properties.extend(encode(self._result(item.nodeid, running)))
+
+    def _judge(self, running: Running, report, final: bool) -> None:
+        measurement = running.measurement
+        failures, notes = [], []
+        for spec in running.specs if measurement is not None else ():
+            device = measurement.resolved[self._requested(measurement.core, spec)]
+            if device in measurement.unmeasured:
+                if final or not spec.marked:
+                    continue
+                reason = measurement.unmeasured[device]
+                if spec.kind == "cuda" and self.options.require_cuda:
+                    failures.append(f"{device} not measured: {reason} (--memlab-require-cuda)")
+                else:
+                    notes.append(f"{device} not measured: {reason}")
+                continue
+            figures = running.figures[device] if final else measurement.figures(device)
+            new = [e for e in exceeded(device, figures, spec) if e.key not in running.failed]
+            if new and not final:
+                figures = measurement.figures(device, sites=True)  # where the peak came from
+            for e in new:
+                running.failed[e.key] = e
+                failures.append(budget_failure(e, figures, self.options.top))
+        if failures and measurement is not None and measurement.trace_note:
+            failures.append(f"(line attribution: {measurement.trace_note})")
+        if notes:
+            report.sections.append(("memlab", "\n".join(notes)))
+        if not failures:
+            return
+        text = "\n\n".join(failures)
+        if report.passed and not hasattr(report, "wasxfail"):
+            report.outcome = "failed"
+            report.longrepr = text
+        else:
+            report.sections.append(("memlab", text))
+
+    def _result(self, nodeid: str, running: Running) -> TestResult:
+        result = TestResult(nodeid, failed=sorted(running.failed), error=running.error)
+        measurement = running.measurement
+        for spec in running.specs if measurement is not None else ():
+            device = measurement.resolved[self._requested(measurement.core, spec)]
+            figures = (running.figures or {}).get(device)
+            if figures is not None:
+                result.devices[device] = DeviceResult.from_figures(figures, spec, self.options.top)
+        return result
+
     # -- reporting ------------------------------------------------------------
     def pytest_runtest_logreport(self, report):
-        """Figures come with the call report, or with teardown's when there
-        was no call (setup failed): the test then counts as an error."""
-        if report.when == "setup":
-            return
-        result = self.results.get(report.nodeid)
-        if result is None:
-            result = _result_from_properties(report.nodeid, report.user_properties)
-            if result is None:
-                return
-            result.outcome = "error"
-            self.results[report.nodeid] = result
+        """Results come with the teardown report (also under xdist, where
+        the controller sees only reports)."""
         if report.when == "call":
-            result.outcome = report.outcome
+            self._outcomes[report.nodeid] = report.outcome
+            return
+        if report.when != "teardown":
+            return
+        result = decode(report.nodeid, report.user_properties)
+        outcome = self._outcomes.pop(report.nodeid, "error")
+        if result is None:
+            return
+        result.outcome = "error" if report.failed and outcome == "passed" else outcome
+        self.results[report.nodeid] = result
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.results:
             return
-        tr = terminalreporter
-        tr.section("memlab")
-        rows = [(r, d) for r in self.results.values() for d in r.devices.values()]
-        measured = [(r, d) for r, d in rows if d.measured]
-        over = sum(1 for r in self.results.values() if r.outcome == "failed")
-        unmeasured = [(r, d) for r, d in rows if not d.measured]
-        summary = f"{len(self.results)} tests measured"
-        if self.backend:
-            summary += f" (backend {self.backend})"
-        tr.write_line(summary)
-        for note in sorted(self.trace_notes):
-            tr.write_line(f"line attribution off: {note}")
-        by_reason: dict[str, list[str]] = {}
-        for r, d in unmeasured:
-            by_reason.setdefault(f"{d.device}: {d.reason}", []).append(r.nodeid)
-        for reason, nodeids in by_reason.items():
-            if len(nodeids) <= 3:
-                for nodeid in nodeids:
-                    tr.write_line(f"not measured: {nodeid} {reason}")
-            else:
-                tr.write_line(f"not measured: {len(nodeids)} tests ({nodeids[0]}, ...) {reason}")
-        if not self.report or "term" not in self.report:
-            if over:
-                tr.write_line(f"{over} measured tests failed; see above")
-            return
-        measured.sort(key=lambda rd: -(rd[1].peak or 0))
-        header = ("test", "device", "own peak", "total peak", "reserved peak", "budget", "use", "leaked")
-        table = [header]
-        for r, d in measured:
-            budget = d.max
-            use = f"{100 * d.peak / budget:.0f}%" if budget and d.peak is not None else ("-" if budget is None else "inf")
-            table.append((
-                r.nodeid, d.device, format_size(d.peak), format_size(d.peak_total),
-                format_size(d.reserved_peak) if d.reserved_peak is not None else "-",
-                format_size(budget) if budget is not None else "-", use, format_size(d.leaked),
-            ))
-        widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
-        for n, row in enumerate(table):
-            cells = [str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-            tr.write_line("  ".join(cells).rstrip(), bold=(n == 0))
+        terminalreporter.section("memlab")
+        table = bool(self.options.report and "term" in self.options.report)
+        for line, bold in summary(self.results, self.backend, self.trace_notes, table):
+            terminalreporter.write_line(line, bold=bold)
 
 
 @pytest.fixture
 def memlab(request) -> Measurement:
     """The running test's memory measurement: ``peak``, ``live``,
     ``total``, ``mark(label)``, ``limit(size)``, ``figures(device)``."""
-    measurement = request.node.stash.get(MEASUREMENT, None)
-    if measurement is None:
-        pytest.fail("pytest-memlab is not measuring this test (see the failure above for why)", pytrace=False)
-    return measurement
+    running = request.node.stash.get(RUNNING, None)
+    if running is None or running.measurement is None:
+        why = f": {running.error}" if running is not None and running.error else ""
+        pytest.fail(f"pytest-memlab is not measuring this test{why}", pytrace=False)
+    return running.measurement

@@ -30,7 +30,7 @@ requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
 @pytest.fixture
 def inner(pytester):
     """A pytester whose runs see this checkout's environment (MEMLAB_CORE)."""
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider -p no:randomly\n")
     os.environ.setdefault("MEMLAB_CORE", os.environ.get("MEMLAB_CORE", "auto"))
     return pytester
 

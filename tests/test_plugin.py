@@ -67,7 +67,8 @@ def test_small():
     ])
 
 
-def test_bad_markers_are_usage_errors_naming_test_and_value(inner):
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_bad_markers_are_collection_errors_naming_test_and_value(inner, xdist):
     result = run(inner, """
 @pytest.mark.cpu_memory(max="2X")
 def test_bad_unit():
@@ -88,17 +89,23 @@ def test_bad_device():
 @pytest.mark.cpu_memory("1G", "2G")
 def test_two_positionals():
     pass
-""")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([
-        "ERROR: pytest-memlab: bad memory marker",
+""", *xdist)
+    # The same with and without xdist: a collection error of the module
+    # that names each test and its bad value; no traceback, no INTERNALERROR.
+    # (pytest stops at a collection error with exit 2; xdist reports it and
+    # exits 1, as it does for every collection error.)
+    assert result.ret == (pytest.ExitCode.TESTS_FAILED if xdist else pytest.ExitCode.INTERRUPTED)
+    result.stdout.fnmatch_lines([
+        "*ERROR collecting test_inner.py*",
+        "pytest-memlab: bad memory marker",
         "*test_inner.py::test_bad_unit: cpu_memory(max='2X'): '2X' has an unknown unit 'X'*",
         "*test_inner.py::test_unknown_keyword: cuda_memory got unknown keyword 'maxx'*",
         "*test_inner.py::test_negative: cpu_memory(max_total='-1G'): '-1G' is negative*",
         "*test_inner.py::test_bad_device: device='gpu' is not a CUDA device*",
         "*test_inner.py::test_two_positionals: cpu_memory takes at most one positional*",
     ])
-    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    output = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in output and "INTERNALERROR" not in output
 
 
 def test_leaks_and_tolerance_are_accepted_and_checked(inner):
@@ -111,8 +118,23 @@ def test_ok():
 def test_bad():
     pass
 """)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*test_bad: cpu_memory(tolerance='lots'): tolerance 'lots'*"])
+
+
+def test_a_marker_added_by_a_hook_is_checked_too(inner):
+    inner.makeconftest("""
+import pytest
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.cpu_memory(max="lots"))
+""")
+    result = run(inner, """
+def test_a():
+    pass
+""")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*test_bad: cpu_memory(tolerance='lots'): tolerance 'lots'*"])
+    result.stderr.fnmatch_lines(["*test_inner.py::test_a: cpu_memory(max='lots'): *"])
 
 
 def test_closest_marker_wins_and_class_and_module_markers_apply(inner):
@@ -160,8 +182,13 @@ def test_fixture_setup_and_teardown_count(per_test, shared):
 def test_teardown_allocation_breaks_budget(per_test, shared):
     pass
 """)
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["cpu peak 12.0 MiB exceeds max 11.0 MiB by 1.0 MiB"])
+    # Only teardown pushed the peak over: teardown fails, for the same test.
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_teardown_allocation_breaks_budget*",
+        "cpu peak 12.0 MiB exceeds max 11.0 MiB by 1.0 MiB",
+        "*<- test_inner.py:* per_test: u = cpu_bytes(7 * MiB)*",
+    ])
 
 
 def test_memlab_fixture_reports_peak_live_total_marks_and_limits(inner):
@@ -362,24 +389,25 @@ def test_without_the_bridge_cpu_is_not_measured_and_says_why(inner, monkeypatch)
     ])
 
 
-def test_without_the_bridge_memlab_core_bridge_fails_the_test(inner, monkeypatch):
+def test_without_the_bridge_memlab_core_bridge_is_an_error_naming_memlab(inner, monkeypatch):
     monkeypatch.setenv("MEMLAB_CORE", "bridge")
     monkeypatch.setenv("MEMLAB_BRIDGE", str(inner.path / "missing.so"))
     inner.makepyfile(test_inner=HEADER + BROKEN_BRIDGE_BODY)
     result = inner.runpytest_subprocess("-v")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([
-        "pytest-memlab could not measure this test: MemlabCoreError: MEMLAB_CORE=bridge, but the torch bridge "
-        "is unavailable: MEMLAB_BRIDGE=*missing.so' is not a file",
+        "*ERROR at setup of test_cpu*",
+        "pytest-memlab: MEMLAB_CORE=bridge, but the torch bridge is unavailable: MEMLAB_BRIDGE=*missing.so' is not a file",
     ])
+    assert "Traceback" not in result.stdout.str()
 
 
 def test_a_bad_memlab_core_value_fails_clearly(inner, monkeypatch):
     monkeypatch.setenv("MEMLAB_CORE", "fast")
     inner.makepyfile(test_inner=HEADER + BROKEN_BRIDGE_BODY)
     result = inner.runpytest_subprocess("-v")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*MEMLAB_CORE='fast' is not one of auto, bridge, counters*"])
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["pytest-memlab: MEMLAB_CORE='fast' is not one of auto, bridge, counters"])
 
 
 def test_many_unmeasured_tests_are_grouped_by_reason(inner):

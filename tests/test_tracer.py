@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from pytest_memlab import _engine as E
-from pytest_memlab.attribution import Attribution, chain_of, line_stats, tracing
+from pytest_memlab.attribution import Attribution, chain_of, line_stats
+from pytest_memlab.tracing import tracing
 
 from injected_allocator import alloc, free
 

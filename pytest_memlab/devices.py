@@ -1,0 +1,90 @@
+"""Devices as memlab names them, in one place: ``"cpu"`` and ``"cuda:N"``
+(concrete), and ``"cuda"`` (the current CUDA device when a test starts).
+Markers, the laboratory API and the meters all parse and resolve through
+here; the engine numbers them in slots (0 the CPU, 1 + N cuda:N).
+
+Resolving never initialises CUDA: a test that never touches the GPU leaves
+it untouched under measurement too (CUDA that is not initialised holds no
+memory, so its totals are 0 by definition).
+"""
+
+from __future__ import annotations
+
+CPU = "cpu"
+
+
+class DeviceError(ValueError):
+    """A device that memlab cannot name; the message says what was given."""
+
+
+def parse_device(value: object, *, allow_cpu: bool = True, default_cuda: str = "cuda") -> str:
+    """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` from a string, an int (a CUDA
+    index) or a torch.device; raises DeviceError naming the value."""
+    if isinstance(value, bool):
+        raise DeviceError(f"{value!r} is not a device")
+    if isinstance(value, int):
+        if value < 0:
+            raise DeviceError(f"{value!r} is negative")
+        return f"cuda:{value}"
+    if type(value).__name__ == "device" and hasattr(value, "type"):  # torch.device
+        if value.type == "cuda":
+            return default_cuda if value.index is None else f"cuda:{value.index}"
+        if value.type == "cpu" and allow_cpu:
+            return CPU
+        raise DeviceError(f"{value!r} is not a {'CPU or ' if allow_cpu else ''}CUDA device")
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "cuda":
+            return default_cuda
+        if text.startswith("cuda:") and text[5:].isdigit():
+            return f"cuda:{int(text[5:])}"
+        if text == CPU and allow_cpu:
+            return CPU
+    expected = "'cpu', " if allow_cpu else ""
+    raise DeviceError(f"{value!r} is not a device (expected {expected}'cuda', 'cuda:N', an int or a torch.device)")
+
+
+def cuda_index(device: str) -> int:
+    return int(device.split(":")[1])
+
+
+def slot_of(device: str) -> int:
+    """The engine's slot of a concrete device: 0 the CPU, 1 + N cuda:N."""
+    return 0 if device == CPU else 1 + cuda_index(device)
+
+
+def cuda_available(core) -> bool:
+    return core.torch is not None and core.torch.cuda.is_available()
+
+
+def default_device(core) -> str:
+    """What an unmarked test or a profiler without a target measures: CUDA
+    where there is CUDA, else the CPU."""
+    return "cuda" if cuda_available(core) else CPU
+
+
+def current_cuda(cuda) -> int:
+    """The current CUDA device, without initialising CUDA (before its
+    initialisation the current device is 0)."""
+    return cuda.current_device() if cuda.is_initialized() else 0
+
+
+def resolve(core, device: str) -> tuple[str, str]:
+    """A concrete device for ``device``, or why it cannot be measured:
+    returns (device, reason); reason is empty when measurable."""
+    from ._core import BRIDGE, COUNTERS
+
+    if core.name not in (BRIDGE, COUNTERS):
+        return device, core.reason
+    if device == CPU:
+        if core.name != BRIDGE:
+            return device, f"CPU memory is measured only through the torch bridge ({core.reason})"
+        return device, ""
+    cuda = core.torch.cuda
+    if not cuda.is_available():
+        return device, "CUDA is not available"
+    if device == "cuda":
+        return f"cuda:{current_cuda(cuda)}", ""
+    if cuda_index(device) >= cuda.device_count():
+        return device, f"{device} does not exist ({cuda.device_count()} CUDA devices)"
+    return device, ""

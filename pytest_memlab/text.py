@@ -1,0 +1,101 @@
+"""Everything memlab says to a person, in one place: failure diagnoses and
+the terminal summary.  Facts come from :mod:`verdict` and :mod:`results`."""
+
+from __future__ import annotations
+
+from .sizes import format_size
+
+
+def describe_attribution(attribution, peak: int, top: int) -> list[str]:
+    """Where the own peak was reached and what was live then, by site."""
+    at_peak = attribution.at_peak
+    peak_chain = attribution.peak_chain
+    if not at_peak and not peak_chain:
+        return []
+    lines = []
+    if peak_chain:
+        lines.append(f"  peak reached in {peak_chain[0]}")
+        lines.extend(f"                <- {caller}" for caller in peak_chain[1:])
+    lines.append("  live at the peak, by the line that allocated it (user call chain):")
+    for entry in at_peak[:top]:
+        share = f"{100 * entry.bytes / peak:.0f}%" if peak else ""
+        size = format_size(entry.bytes)
+        if entry.chain:
+            lines.append(f"    {size:>10} {share:>4}  {entry.chain[0]}")
+            pad = " " * 21
+            lines.extend(f"    {pad}<- {caller}" for caller in entry.chain[1:])
+        else:
+            lines.append(f"    {size:>10} {share:>4}  (outside user code)")
+    rest = at_peak[top:]
+    if rest:
+        lines.append(f"    ... and {len(rest)} more sites, {format_size(sum(e.bytes for e in rest))}")
+    if not attribution.complete:
+        lines.append("  (site figures incomplete: memlab ran out of memory for its tables)")
+    return lines
+
+
+def budget_failure(exceeded, figures, top: int = 5) -> str:
+    """A budget failure, shortest first: the figure, the budget and the
+    excess; then where the own peak was reached and what was live then."""
+    e = exceeded
+    lines = [f"{e.device} {e.what} {format_size(e.value)} exceeds {e.budget_name} {format_size(e.budget)} "
+             f"by {format_size(e.value - e.budget)}"]
+    if figures.attribution is not None and figures.peak:
+        lines += describe_attribution(figures.attribution, figures.peak, top)
+    lines.append(f"  exactly {e.value} B against {e.budget} B")
+    if figures.estimated:
+        lines.append(f"  ({figures.reason})")
+    return "\n".join(lines)
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def summary(results: dict, backend: str, notes: set[str], table: bool) -> list[tuple[str, bool]]:
+    """The terminal summary's lines, each with whether it is bold."""
+    out: list[tuple[str, bool]] = []
+    rows = [(r, d) for r in results.values() for d in r.devices.values()]
+    measured = [(r, d) for r, d in rows if d.measured]
+    unmeasured = [(r, d) for r, d in rows if not d.measured]
+    tests_measured = sum(1 for r in results.values() if any(d.measured for d in r.devices.values()))
+    head = f"{_plural(tests_measured, 'test')} measured"
+    if backend:
+        head += f" (backend {backend})"
+    out.append((head, False))
+    for note in sorted(notes):
+        out.append((f"line attribution off: {note}", False))
+    by_reason: dict[str, list[str]] = {}
+    for r, d in unmeasured:
+        by_reason.setdefault(f"{d.device}: {d.reason}", []).append(r.nodeid)
+    for r in results.values():
+        if r.error:
+            by_reason.setdefault(f"pytest-memlab error: {r.error}", []).append(r.nodeid)
+    for reason, nodeids in by_reason.items():
+        if len(nodeids) <= 3:
+            out += [(f"not measured: {nodeid} {reason}", False) for nodeid in nodeids]
+        else:
+            out.append((f"not measured: {len(nodeids)} tests ({nodeids[0]}, ...) {reason}", False))
+    failed = [r for r in results.values() if r.failed]
+    if failed:
+        out.append((f"{_plural(len(failed), 'test')} failed by memlab ({', '.join(sorted({k for r in failed for k in r.failed}))}); "
+                    "see above", False))
+    if not table:
+        return out
+    measured.sort(key=lambda rd: -(rd[1].peak or 0))
+    header = ("test", "device", "own peak", "total peak", "reserved peak", "budget", "use", "leaked")
+    cells = [header]
+    for r, d in measured:
+        budget = d.max
+        use = f"{100 * d.peak / budget:.0f}%" if budget and d.peak is not None else ("-" if budget is None else "inf")
+        cells.append((
+            r.nodeid, d.device, format_size(d.peak), format_size(d.peak_total),
+            format_size(d.reserved_peak) if d.reserved_peak is not None else "-",
+            format_size(budget) if budget is not None else "-", use,
+            format_size(d.leaked) if d.leaked is not None else "-",
+        ))
+    widths = [max(len(str(row[i])) for row in cells) for i in range(len(header))]
+    for n, row in enumerate(cells):
+        line = "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        out.append((line.rstrip(), n == 0))
+    return out

@@ -1,0 +1,161 @@
+"""Which code is the user's, and the tracer's lifetime.
+
+The C tracer (csrc/tracer.c) asks :class:`Scope` once per code object
+whether it is user code; user frames get line events, the rest none.  The
+one :data:`tracing` object shares the tracer between the plugin (the path
+rule, for a measured test) and the laboratory API (the functions it was
+given).
+
+Windows: before Python 3.12 the tracer is a trace function, which CPython
+calls for every call and return of every frame while it is set, pytest's own
+included.  A measured test therefore traces only in windows around the code
+that can be the user's (fixture setup, the test call, teardown), which keeps
+pytest's machinery between them at full speed.  From 3.12 on, sys.monitoring
+disables out-of-scope code for good after its first call, while turning the
+events on and off makes CPython re-instrument every code object it runs
+next: one window spans the whole measurement there.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+from ._core import engine
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+WINDOWED = sys.version_info < (3, 12)
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = set()
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            roots.add(os.path.realpath(sysconfig.get_path(name)))
+        except KeyError:
+            pass
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        roots.add(os.path.realpath(os.path.join(prefix, "lib")))
+    return tuple(sorted(roots))
+
+
+class Scope:
+    """Decides whether a code object is user code, once per file, plus the
+    functions that the laboratory API was given explicitly."""
+
+    def __init__(self) -> None:
+        self.rootdir: str | None = None
+        self.include: tuple[str, ...] = ()
+        self.codes: dict[object, int] = {}   # code -> how many profilers hold it
+        self.paths_on = False                # the plugin's path rule is in force
+        self._by_file: dict[str, bool] = {}
+        self._libs = _library_roots()
+
+    def configure(self, rootdir: str | os.PathLike, include: tuple[str, ...] = ()) -> None:
+        self.rootdir = os.path.realpath(str(rootdir))
+        self.include = tuple(include)
+        self._by_file.clear()
+
+    def file_in_scope(self, filename: str) -> bool:
+        if filename.startswith("<") and filename.endswith(">"):
+            return False  # <string>, <frozen ...>: no source to show
+        path = os.path.realpath(os.path.abspath(filename))
+        if path.startswith(_PACKAGE_DIR + os.sep):
+            return False
+        if self.include:
+            rel = os.path.relpath(path, self.rootdir) if self.rootdir else path
+            return any(fnmatch.fnmatch(path, g) or fnmatch.fnmatch(rel, g) for g in self.include)
+        if self.rootdir is None or not (path + os.sep).startswith(self.rootdir + os.sep):
+            return False
+        if any(part in ("site-packages", "dist-packages") for part in Path(path).parts):
+            return False
+        return not any(path.startswith(lib + os.sep) for lib in self._libs if lib != self.rootdir
+                       and not self.rootdir.startswith(lib + os.sep))
+
+    def __call__(self, code) -> bool:
+        if code in self.codes:
+            return True
+        if not self.paths_on:
+            return False
+        filename = code.co_filename
+        verdict = self._by_file.get(filename)
+        if verdict is None:
+            verdict = self._by_file[filename] = self.file_in_scope(filename)
+        return verdict
+
+
+class Tracing:
+    """The one tracer of the process, shared: the plugin turns the path rule
+    on for a measured test, profilers add their functions; the C tracer runs
+    while anyone holds it."""
+
+    def __init__(self) -> None:
+        self.scope = Scope()
+        self.users = 0
+        self.off_reason = ""
+
+    def conflict(self) -> str:
+        """Why the tracer cannot run now ("" if it can)."""
+        if sys.version_info < (3, 12):
+            other = sys.gettrace()
+            if other is not None and self.users == 0:
+                name = type(other).__module__ + "." + type(other).__qualname__
+                return (f"another trace function is active ({name}; coverage or a debugger?): on Python "
+                        f"{sys.version_info.major}.{sys.version_info.minor} memlab would replace it, so line "
+                        "attribution is off (on Python 3.12+ both work)")
+        return ""
+
+    def _remember(self, paths: bool, codes) -> bool:
+        """Adds to the scope; True if that changed what is in it."""
+        changed = False
+        if paths and not self.scope.paths_on:
+            self.scope.paths_on = changed = True
+        for code in codes:
+            count = self.scope.codes.get(code, 0)
+            self.scope.codes[code] = count + 1
+            changed |= count == 0
+        return changed
+
+    def extend(self, codes) -> None:
+        """A holder adds functions while the tracer runs (released with it)."""
+        if self._remember(False, codes) and self.users > 0:
+            engine.tracer_redecide()
+
+    def acquire(self, *, paths: bool = False, codes=()) -> bool:
+        """Starts or joins the tracer; False (with off_reason) if it cannot run."""
+        changed = self._remember(paths, codes)
+        if self.users == 0:
+            reason = self.conflict()
+            if reason:
+                self.off_reason = reason
+                self._forget(paths, codes)
+                return False
+            engine.tracer_start(self.scope)
+        elif changed:
+            engine.tracer_redecide()
+        self.users += 1
+        return True
+
+    def _forget(self, paths: bool, codes) -> None:
+        if paths:
+            self.scope.paths_on = False
+        for code in codes:
+            count = self.scope.codes.get(code, 0) - 1
+            if count <= 0:
+                self.scope.codes.pop(code, None)
+            else:
+                self.scope.codes[code] = count
+
+    def release(self, *, paths: bool = False, codes=()) -> None:
+        self.users -= 1
+        self._forget(paths, codes)
+        if self.users == 0:
+            engine.tracer_stop()
+        elif paths or codes:
+            engine.tracer_redecide()
+
+
+tracing = Tracing()
