@@ -41,8 +41,6 @@ std::atomic<bool> g_cpu{false};
 std::atomic<bool> g_tracker_on{false};
 std::atomic<bool> g_tracker_attached{false};
 
-constexpr int kSourceReport = 0;
-constexpr int kSourceTrace = 1;
 
 void set_error(char *err, size_t errlen, const char *what) {
   if (err != nullptr && errlen > 0) {
@@ -73,13 +71,13 @@ struct Reporter final : public tpi::ProfilerStateBase {
                          size_t total_reserved, c10::Device device) {
     forward(static_cast<int>(device.type()), device.index(), ptr, alloc_size,
             static_cast<uint64_t>(total_allocated),
-            static_cast<uint64_t>(total_reserved), kSourceReport);
+            static_cast<uint64_t>(total_reserved), MEMLAB_SOURCE_REPORT);
   }
   void reportMemoryUsage(void *ptr, int64_t alloc_size, int64_t total_allocated,
                          int64_t total_reserved, c10::Device device) {
     forward(static_cast<int>(device.type()), device.index(), ptr, alloc_size,
             static_cast<uint64_t>(total_allocated),
-            static_cast<uint64_t>(total_reserved), kSourceReport);
+            static_cast<uint64_t>(total_reserved), MEMLAB_SOURCE_REPORT);
   }
   // false still delivers every CUDA event; true also turns on the CPU
   // allocator's reporting.
@@ -172,12 +170,12 @@ int memlab_bridge_attach_cuda_tracker(char *err, size_t errlen) {
           // replaces this estimate with the exact block size.
           uint64_t rounded = ((static_cast<uint64_t>(te.size_) + 511) / 512) * 512;
           if (rounded == 0) rounded = 512;
-          forward(1, te.device_, ptr, static_cast<int64_t>(rounded), 0, 0,
-                  kSourceTrace);
+          forward(MEMLAB_DEVICE_CUDA, te.device_, ptr, static_cast<int64_t>(rounded), 0, 0,
+                  MEMLAB_SOURCE_TRACE);
           break;
         }
         case cca::TraceEntry::FREE_REQUESTED:
-          forward(1, te.device_, ptr, -1, 0, 0, kSourceTrace);
+          forward(MEMLAB_DEVICE_CUDA, te.device_, ptr, -1, 0, 0, MEMLAB_SOURCE_TRACE);
           break;
         default:
           break;

@@ -3,6 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The bridge calls Engine_sink through memlab_sink_fn: the build stops if
+ * either signature drifts. */
+_Static_assert(_Generic(&Engine_sink, memlab_sink_fn: 1, default: 0),
+               "Engine_sink must have memlab_bridge.h's memlab_sink_fn type");
+
 static Device *
 Device_new(int slot)
 {
@@ -41,7 +46,7 @@ Engine_new(void)
         atomic_init(&e->devices[i], NULL);
     atomic_init(&e->next_scope_id, 1);
     atomic_init(&e->recording, 0);
-    atomic_init(&e->site_fn, NULL);
+    atomic_init(&e->attribute, NULL);
     Spinlock_init(&e->record_lock);
     return e;
 }
@@ -60,20 +65,20 @@ Engine_free(Engine *self)
 int
 Engine_slot(int device_type, int device_index)
 {
-    /* c10::DeviceType: CPU = 0, CUDA = 1.  Other devices are not measured. */
-    if (device_type == 0)
+    /* Other c10 device types are not measured. */
+    if (device_type == MEMLAB_DEVICE_CPU)
         return ENGINE_SLOT_CPU;
-    if (device_type == 1 && device_index >= 0
+    if (device_type == MEMLAB_DEVICE_CUDA && device_index >= 0
         && device_index < ENGINE_MAX_DEVICES - 1)
         return 1 + device_index;
     return -1;
 }
 
 void
-Engine_set_site_fn(Engine *self, SiteFn fn, void *ctx)
+Engine_set_attribution(Engine *self, AttributeFn fn, void *ctx)
 {
-    self->site_ctx = ctx;
-    atomic_store(&self->site_fn, fn);
+    self->attribute_ctx = ctx;
+    atomic_store(&self->attribute, fn);
 }
 
 static Device *
@@ -174,9 +179,10 @@ Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
     b->flags = source == EVENT_TRACE ? BLOCK_ESTIMATED : 0;
     if (!d->reports_totals || source == EVENT_TRACE)
         Device_add_total(d, size);
-    SiteFn site_fn = atomic_load_explicit(&e->site_fn, memory_order_acquire);
-    b->site = site_fn == NULL ? 0
-                              : site_fn(e->site_ctx, slot, size,
+    AttributeFn attribute = atomic_load_explicit(&e->attribute,
+                                                 memory_order_acquire);
+    b->site = attribute == NULL ? 0
+                                : attribute(e->attribute_ctx, slot, size,
                                         Device_total(d), Device_reserved(d));
     ScopeStack_on_alloc(&d->stack, size, b->site, Device_total(d), d->seq);
 }

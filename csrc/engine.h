@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "ledger.h"
+#include "memlab_bridge.h"
 #include "scope.h"
 #include "spinlock.h"
 
@@ -20,10 +21,10 @@
 #define ENGINE_MAX_DEVICES 65
 #define ENGINE_SLOT_CPU 0
 
-/* Where an event came from. */
+/* Where an event came from: the bridge's constants (memlab_bridge.h). */
 enum {
-    EVENT_REPORT = 0,   /* c10::MemoryReportingInfoBase: exact block size */
-    EVENT_TRACE = 1,    /* CUDA trace tracker: requested size, any thread */
+    EVENT_REPORT = MEMLAB_SOURCE_REPORT,
+    EVENT_TRACE = MEMLAB_SOURCE_TRACE,
 };
 
 /* Sticky errors, reported once by Engine_take_error. */
@@ -42,11 +43,12 @@ typedef struct Event {
     int32_t source;
 } Event;
 
-/* Where an allocation comes from: the tracer interns the allocating thread's
- * user call chain and returns its site id (0: unknown).  Called on the event
- * path under the device's lock; it must not call into Python. */
-typedef uint32_t (*SiteFn)(void *ctx, int slot, int64_t size, int64_t total,
-                           int64_t reserved);
+/* Attributes an allocation: the tracer charges it to the allocating thread's
+ * running user line (per-line statistics) and returns the site id of its user
+ * call chain (0: unknown).  Called on the event path under the device's lock;
+ * it must not call into Python. */
+typedef uint32_t (*AttributeFn)(void *ctx, int slot, int64_t size,
+                                int64_t total, int64_t reserved);
 
 typedef struct Device {
     Spinlock lock;
@@ -71,8 +73,8 @@ typedef struct Engine {
     size_t record_len;
     size_t record_cap;
     atomic_int recording;
-    _Atomic(SiteFn) site_fn;
-    void *site_ctx;
+    _Atomic(AttributeFn) attribute;
+    void *attribute_ctx;
 } Engine;
 
 Engine *Engine_new(void);
@@ -85,7 +87,7 @@ void Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
 void Engine_sink(void *ctx, int device_type, int device_index, void *ptr,
                  int64_t size, uint64_t total, uint64_t reserved, int source);
 
-void Engine_set_site_fn(Engine *self, SiteFn fn, void *ctx);
+void Engine_set_attribution(Engine *self, AttributeFn fn, void *ctx);
 /* The device's total and reserved bytes now, without its lock (0 if never
  * used). */
 int64_t Engine_current_total(Engine *self, int slot);

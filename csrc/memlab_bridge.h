@@ -16,6 +16,13 @@ extern "C" {
 
 #define MEMLAB_BRIDGE_ABI 1
 
+/* Where an event came from (the sink's source argument). */
+#define MEMLAB_SOURCE_REPORT 0  /* the thread-local reporter: exact block size */
+#define MEMLAB_SOURCE_TRACE 1   /* the CUDA trace tracker: requested size, any thread */
+/* c10::DeviceType values the engine measures (the sink's device_type). */
+#define MEMLAB_DEVICE_CPU 0
+#define MEMLAB_DEVICE_CUDA 1
+
 /* The bridge is built with hidden visibility; only these entries show. */
 #if defined(__GNUC__)
 #define MEMLAB_BRIDGE_API __attribute__((visibility("default")))
@@ -23,7 +30,7 @@ extern "C" {
 #define MEMLAB_BRIDGE_API
 #endif
 
-/* Must match Engine_sink in engine.h. */
+/* Engine_sink (engine.h); engine.c fails to build if the two drift apart. */
 typedef void (*memlab_sink_fn)(void *ctx, int device_type, int device_index,
                                void *ptr, int64_t size, uint64_t total,
                                uint64_t reserved, int source);

@@ -1,15 +1,11 @@
 /* The tracer: keeps, per thread, the stack of user frames (those in scope)
- * with the line each is on, where the engine's site function can read it
- * without touching Python objects.
+ * with the line each is on (shadow_stack.h), where the engine's attribution
+ * function reads it on the allocator's path without touching Python.
  *
- * Python >= 3.12 feeds it through sys.monitoring: PY_START on globally,
- * scope decided once per code object, DISABLE for code out of scope, LINE
- * and the return/yield/resume events only for code in scope.  Before 3.12 it
- * is a PyEval_SetTrace function on the measuring thread, with line events
- * turned off in frames out of scope.
- *
- * Callbacks never raise into user code: an error (a scope decision that
- * raised, say) is stored and raised by the next tracer API call.
+ * Its event source is sys.monitoring on Python >= 3.12 (tracer_sysmon.c)
+ * and a PyEval_SetTrace function before (tracer_settrace.c); tracer.c holds
+ * what both share.  Callbacks never raise into user code: an error (a scope
+ * decision that raised, say) is stored and raised by the next API call.
  */
 #ifndef MEMLAB_TRACER_H
 #define MEMLAB_TRACER_H
@@ -19,8 +15,6 @@
 
 #include "engine.h"
 #include "sites.h"
-
-#define TRACER_STACK 128
 
 int Tracer_init(PyObject *module, Engine *engine);
 /* decide(code) -> bool, called once per code object (per decide). */

@@ -1,0 +1,121 @@
+"""What measuring costs per test: a suite of trivial tests (each
+``torch.ones(16)``) run unmeasured, under ``--memlab`` and under pytest-memray
+(``--memray``, where installed), side by side in one run.
+
+Each configuration is its own pytest process; rounds alternate the
+configurations and the table shows the median over rounds.  The added time
+per test is (configuration - unmeasured) / tests; process start-up, the
+torch import and collection cancel out in the difference.
+
+    python bench/bench_pertest.py [--tests N] [--rounds R] [--out FILE] [--profile]
+
+--profile also runs one --memlab round under cProfile and prints where
+memlab's own time went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET_US = 100.0
+TARGET_RATIO = 1.10
+
+
+def write_suite(folder: str, n: int) -> None:
+    lines = ["import torch\n\n"]
+    for i in range(n):
+        lines.append(f"def test_{i}():\n    torch.ones(16)\n\n")
+    with open(os.path.join(folder, "test_trivial.py"), "w") as f:
+        f.write("".join(lines))
+    with open(os.path.join(folder, "pytest.ini"), "w") as f:
+        f.write("[pytest]\naddopts = -p no:cacheprovider -p no:randomly -p no:asyncio -p no:benchmark "
+                "-p no:hypothesispytest -p no:cov -p no:xdist -p no:timeout -p no:rerunfailures\n")
+
+
+CONFIGS = {
+    "unmeasured": ["-p", "no:memlab"],
+    "memlab": ["--memlab"],
+    "memray": ["-p", "no:memlab", "--memray"],
+}
+
+
+def run_once(folder: str, args: list[str]) -> float:
+    env = {**os.environ, "MEMLAB_CORE": os.environ.get("MEMLAB_CORE", "bridge")}
+    env.pop("PYTEST_ADDOPTS", None)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=folder, env=env,
+                          capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"pytest {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def profile(folder: str) -> str:
+    """Where memlab's time goes in one --memlab run: its functions by
+    cumulative time."""
+    out = os.path.join(folder, "prof.out")
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", out, "-m", "pytest", "-q", "--memlab"], cwd=folder,
+                   capture_output=True, text=True, env={**os.environ, "MEMLAB_CORE": "bridge"})
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    stats = pstats.Stats(out, stream=buf)
+    stats.sort_stats("cumulative").print_stats("pytest_memlab", 25)
+    return buf.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tests", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", help="append the table (markdown) to this file")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    configs = dict(CONFIGS)
+    if importlib.util.find_spec("pytest_memray") is None:
+        del configs["memray"]
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    with tempfile.TemporaryDirectory() as folder:
+        write_suite(folder, args.tests)
+        run_once(folder, configs["unmeasured"])  # warm the file system and the bytecode caches
+        for r in range(args.rounds):
+            for name, cfg in configs.items():
+                times[name].append(run_once(folder, cfg))
+            print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items()), flush=True)
+        report = profile(folder) if args.profile else ""
+    base = statistics.median(times["unmeasured"])
+    import platform
+
+    import torch
+
+    rows = [f"{args.tests} trivial tests (`torch.ones(16)`), {args.rounds} alternating rounds, median wall time; "
+            f"Python {platform.python_version()}, torch {torch.__version__}, "
+            f"{'sys.monitoring' if sys.version_info >= (3, 12) else 'PyEval_SetTrace'} tracer",
+            "",
+            "| configuration | median (s) | ratio | added per test (us) | target |",
+            "| --- | --- | --- | --- | --- |"]
+    for name, values in times.items():
+        med = statistics.median(values)
+        added = (med - base) / args.tests * 1e6
+        target = f"<= {TARGET_US:.0f} us, <= {TARGET_RATIO:.2f}x" if name == "memlab" else ""
+        rows.append(f"| {name} | {med:.3f} | {med / base:.3f}x | {added:.0f} | {target} |")
+    table = "\n".join(rows)
+    print(table)
+    if report:
+        print(report)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(table + "\n\n")
+
+
+if __name__ == "__main__":
+    main()

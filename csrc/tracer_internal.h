@@ -1,0 +1,79 @@
+/* What the tracer's parts share, and nothing outside them sees: the
+ * tracer's state, the scope decision per code object, the error store, the
+ * per-thread shadow stacks, and the three entries of the event source
+ * (tracer_sysmon.c on Python >= 3.12, tracer_settrace.c before).
+ */
+#ifndef MEMLAB_TRACER_INTERNAL_H
+#define MEMLAB_TRACER_INTERNAL_H
+
+#include "tracer.h"
+#include "shadow_stack.h"
+
+#if PY_VERSION_HEX >= 0x030C0000
+#define MEMLAB_SYSMON 1
+#define Code_GetExtra PyUnstable_Code_GetExtra
+#define Code_SetExtra PyUnstable_Code_SetExtra
+#define RequestCodeExtraIndex PyUnstable_Eval_RequestCodeExtraIndex
+#else
+#define MEMLAB_SYSMON 0
+#define Code_GetExtra _PyCode_GetExtra
+#define Code_SetExtra _PyCode_SetExtra
+#define RequestCodeExtraIndex _PyEval_RequestCodeExtraIndex
+#endif
+
+/* Hung on each code object (co_extra): the scope decision, made once per
+ * decision epoch. */
+typedef struct CodeInfo {
+    uint32_t code_id;           /* 0 until first found in scope */
+    uint32_t decided;           /* epoch of the decision */
+    uint32_t local_run;         /* run in which its local events were set */
+    int in_scope;
+} CodeInfo;
+
+typedef struct TracerState {
+    Engine *engine;
+    PyObject *module;
+    LineTable lines;
+    SiteTable sites;
+    LineClock clock;            /* engine + lines, for the shadow stacks */
+    PyObject *codes;            /* list: code_id - 1 -> code object */
+    PyObject *decide;
+    PyObject *error;            /* stored by a callback, raised by the API */
+    uint32_t epoch;
+    uint32_t run;
+    atomic_int tracing;
+    ShadowStack *threads;       /* every thread's stack, under the GIL */
+    _Atomic(ShadowStack *) anchor;  /* the measuring thread's */
+    Py_ssize_t extra_index;
+    /* sys.monitoring (3.12+) */
+    int tool;                   /* tool id, -1 if none yet */
+    PyObject *monitoring;
+    PyObject *disable;
+    PyObject *enabled;          /* code objects with local events this run */
+    long ev_local;
+    long ev_global;
+} TracerState;
+
+extern TracerState T;
+/* Set while a callback runs on this thread: events that its own Python
+ * calls (the scope decision) cause are ignored. */
+extern _Thread_local int in_callback;
+
+/* Stores the pending exception for the next API call (callbacks never
+ * raise into user code). */
+void Tracer_store_error(void);
+/* The code object's scope decision; NULL on error (stored). */
+CodeInfo *Tracer_code_info(PyObject *code);
+/* The calling thread's shadow stack, created on first use; NULL when out
+ * of memory.  Tracer_thread_if_any never creates one. */
+ShadowStack *Tracer_thread(void);
+ShadowStack *Tracer_thread_if_any(void);
+
+/* The event source. */
+int Backend_on(void);
+int Backend_off(void);
+/* Scope decisions changed: code that was told never to report again must
+ * be asked anew. */
+int Backend_forget_disables(void);
+
+#endif

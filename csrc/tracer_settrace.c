@@ -1,0 +1,83 @@
+/* The tracer's event source before Python 3.12: a C trace function
+ * (PyEval_SetTrace) on the measuring thread.  CPython calls it for every
+ * call and return of every frame while it is set, which is why measured
+ * tests trace only in windows around user code (tracing.py); line events
+ * are turned off in frames out of scope, and in frames that were running
+ * before tracing began.  The sys.monitoring callbacks exist as no-ops so
+ * that the module's method table is the same on every Python.
+ */
+#include "tracer_internal.h"
+
+#if !MEMLAB_SYSMON
+
+PyObject *Tracer_mon_start(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{ (void)m; (void)a; (void)n; Py_RETURN_NONE; }
+PyObject *Tracer_mon_resume(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{ (void)m; (void)a; (void)n; Py_RETURN_NONE; }
+PyObject *Tracer_mon_leave(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{ (void)m; (void)a; (void)n; Py_RETURN_NONE; }
+PyObject *Tracer_mon_unwind(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{ (void)m; (void)a; (void)n; Py_RETURN_NONE; }
+PyObject *Tracer_mon_throw(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{ (void)m; (void)a; (void)n; Py_RETURN_NONE; }
+PyObject *Tracer_mon_line(PyObject *m, PyObject *const *a, Py_ssize_t n)
+{ (void)m; (void)a; (void)n; Py_RETURN_NONE; }
+
+static int
+trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
+{
+    (void)obj;
+    (void)arg;
+    if (in_callback || (what != PyTrace_CALL && what != PyTrace_LINE
+                        && what != PyTrace_RETURN))
+        return 0;
+    in_callback = 1;
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    CodeInfo *ci = Tracer_code_info((PyObject *)code);
+    int lines_off = ci != NULL && !ci->in_scope && what != PyTrace_RETURN;
+    if (ci != NULL && ci->in_scope) {
+        ShadowStack *t = Tracer_thread();
+        if (t != NULL) {
+            if (what == PyTrace_CALL)
+                ShadowStack_push(t, &T.clock, ci->code_id, PyFrame_GetLineNumber(frame));
+            else if (what == PyTrace_LINE)
+                lines_off = !ShadowStack_line(t, &T.clock, ci->code_id,
+                                         PyFrame_GetLineNumber(frame));
+            else
+                ShadowStack_pop(t, &T.clock, ci->code_id);
+        }
+    }
+    if (lines_off) {
+        /* Out of scope, or running since before tracing began: no line
+         * events from this frame. */
+        if (PyObject_SetAttrString((PyObject *)frame, "f_trace_lines",
+                                   Py_False) < 0)
+            Tracer_store_error();
+    }
+    Py_DECREF(code);
+    in_callback = 0;
+    return 0;
+}
+
+int
+Backend_on(void)
+{
+    PyEval_SetTrace(trace_fn, NULL);
+    return 0;
+}
+
+int
+Backend_off(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    if (ts->c_tracefunc == trace_fn)
+        PyEval_SetTrace(NULL, NULL);
+    return 0;
+}
+
+int
+Backend_forget_disables(void)
+{
+    return 0;
+}
+#endif

@@ -1,0 +1,131 @@
+/* Shadow stacks: frames pushed and popped as the tracer's event sources
+ * report them, line statistics kept per line, peaks carried to callers,
+ * missed returns and overflow survived. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "shadow_stack.h"
+
+#define CUDA0 1
+
+typedef struct Fixture {
+    Engine *engine;
+    LineTable *lines;
+    LineClock clock;
+    ShadowStack *stack;
+    uint32_t scope;
+} Fixture;
+
+static int
+setup(void **state)
+{
+    Fixture *f = calloc(1, sizeof(Fixture));
+    f->engine = Engine_new();
+    f->lines = calloc(1, sizeof(LineTable));
+    if (f->engine == NULL || f->lines == NULL || LineTable_init(f->lines) < 0)
+        return -1;
+    f->clock.engine = f->engine;
+    f->clock.lines = f->lines;
+    f->stack = ShadowStack_new();
+    if (Engine_begin(f->engine, CUDA0, 0, 0, 0, &f->scope) < 0)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    Fixture *f = *state;
+    Scope s;
+    Engine_end(f->engine, CUDA0, f->scope, &s);
+    Scope_fini(&s);
+    free(f->stack);
+    LineTable_fini(f->lines);
+    free(f->lines);
+    Engine_free(f->engine);
+    free(f);
+    return 0;
+}
+
+static LineRec *
+line(Fixture *f, uint32_t code, int32_t lineno)
+{
+    return LineTable_get(f->lines, LineTable_intern(f->lines, code, lineno));
+}
+
+static void
+test_a_callees_peak_counts_for_the_calling_line(void **state)
+{
+    Fixture *f = *state;
+    ShadowStack_push(f->stack, &f->clock, 1, 10);        /* caller, line 10 */
+    assert_int_equal(ShadowStack_line(f->stack, &f->clock, 1, 11), 1);
+    ShadowStack_push(f->stack, &f->clock, 2, 20);        /* callee */
+    Engine_event(f->engine, CUDA0, 0xA00, 512, 512, 2048, EVENT_REPORT);
+    /* the allocator path raises the running frame's high-water mark */
+    f->stack->frames[1].hw[CUDA0] = 512;
+    Engine_event(f->engine, CUDA0, 0xA00, -512, 0, 2048, EVENT_REPORT);
+    ShadowStack_pop(f->stack, &f->clock, 2);
+    assert_int_equal(atomic_load(&f->stack->depth), 1);
+    ShadowStack_pop(f->stack, &f->clock, 1);
+    assert_int_equal(atomic_load(&f->stack->depth), 0);
+    assert_int_equal(atomic_load(&line(f, 2, 20)->peak[CUDA0]), 512);
+    assert_int_equal(atomic_load(&line(f, 1, 11)->peak[CUDA0]), 512);
+    assert_int_equal(atomic_load(&line(f, 1, 10)->peak[CUDA0]), 0);
+    assert_int_equal(atomic_load(&line(f, 1, 11)->last_total[CUDA0]), 0);
+    assert_int_equal(atomic_load(&line(f, 1, 11)->hits), 1);
+}
+
+static void
+test_a_missed_return_is_repaired_by_the_callers_next_line(void **state)
+{
+    Fixture *f = *state;
+    ShadowStack_push(f->stack, &f->clock, 1, 10);
+    ShadowStack_push(f->stack, &f->clock, 2, 20);
+    ShadowStack_push(f->stack, &f->clock, 3, 30);        /* its return is lost */
+    assert_int_equal(ShadowStack_line(f->stack, &f->clock, 1, 12), 1);
+    assert_int_equal(atomic_load(&f->stack->depth), 1);
+    assert_int_equal(f->stack->frames[0].lineno, 12);
+}
+
+static void
+test_a_frame_that_began_before_tracing_stays_untraced(void **state)
+{
+    Fixture *f = *state;
+    assert_int_equal(ShadowStack_line(f->stack, &f->clock, 9, 90), 0);
+    assert_int_equal(atomic_load(&f->stack->depth), 0);
+}
+
+static void
+test_frames_past_the_depth_are_counted_not_stored(void **state)
+{
+    Fixture *f = *state;
+    for (int i = 0; i < SHADOW_STACK_DEPTH + 5; i++)
+        ShadowStack_push(f->stack, &f->clock, 1, i);
+    assert_int_equal(atomic_load(&f->stack->depth), SHADOW_STACK_DEPTH);
+    assert_int_equal(f->stack->overflow, 5);
+    assert_int_equal(ShadowStack_line(f->stack, &f->clock, 1, 7), 1);
+    for (int i = 0; i < 5; i++)
+        ShadowStack_pop(f->stack, &f->clock, 1);
+    assert_int_equal(f->stack->overflow, 0);
+    assert_int_equal(atomic_load(&f->stack->depth), SHADOW_STACK_DEPTH);
+    ShadowStack_reset(f->stack);
+    assert_int_equal(atomic_load(&f->stack->depth), 0);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_a_callees_peak_counts_for_the_calling_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_missed_return_is_repaired_by_the_callers_next_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_frame_that_began_before_tracing_stays_untraced, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_frames_past_the_depth_are_counted_not_stored, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
