@@ -363,9 +363,19 @@ tracer_start(PyObject *Py_UNUSED(module), PyObject *decide)
 }
 
 static PyObject *
-tracer_stop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+tracer_stop(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
 {
-    return Tracer_stop();
+    static char *kwlist[] = {"park", NULL};
+    int park = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:tracer_stop", kwlist, &park))
+        return NULL;
+    return Tracer_stop(park);
+}
+
+static PyObject *
+tracer_unpark(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return Tracer_unpark();
 }
 
 static PyObject *
@@ -438,8 +448,11 @@ static PyMethodDef engine_methods[] = {
      "replay(events, repeat=1) -> number of events delivered."},
     {"tracer_start", tracer_start, METH_O,
      "tracer_start(decide): trace user frames; decide(code) -> in scope."},
-    {"tracer_stop", tracer_stop, METH_NOARGS,
-     "tracer_stop(): stop tracing; raises what a callback could not."},
+    {"tracer_stop", (PyCFunction)(void (*)(void))tracer_stop, METH_VARARGS | METH_KEYWORDS,
+     "tracer_stop(park=False): stop tracing; raises what a callback could not. "
+     "With park (sys.monitoring), the events stay on until tracer_unpark()."},
+    {"tracer_unpark", tracer_unpark, METH_NOARGS,
+     "tracer_unpark(): turn off the events a parked tracer left on."},
     {"tracer_redecide", tracer_redecide, METH_NOARGS,
      "tracer_redecide(): decide every code object's scope again."},
     {"tracer_line_stats", tracer_line_stats, METH_NOARGS,

@@ -206,33 +206,51 @@ Tracer_start(PyObject *decide)
         if (Backend_forget_disables() < 0)
             return NULL;
     }
-    T.run++;
     for (ShadowStack *t = T.threads; t != NULL; t = t->next)
         ShadowStack_reset(t);
     ShadowStack *anchor = Tracer_thread();
     if (anchor == NULL)
         return PyErr_NoMemory();
     atomic_store(&T.anchor, anchor);
-    if (Backend_on() < 0)
-        return NULL;
+    if (!T.parked) {
+        T.run++;
+        if (Backend_on() < 0)
+            return NULL;
+    }
+    T.parked = 0;
     Engine_set_attribution(T.engine, tracer_attribute, NULL);
     atomic_store(&T.tracing, 1);
     Py_RETURN_NONE;
 }
 
 PyObject *
-Tracer_stop(void)
+Tracer_stop(int park)
 {
     if (!atomic_load(&T.tracing))
         Py_RETURN_NONE;
     atomic_store(&T.tracing, 0);
-    int rc = Backend_off();
+    int rc = 0;
+    if (park && MEMLAB_SYSMON)
+        T.parked = 1;
+    else
+        rc = Backend_off();
     /* Lines still running end now, so their peaks count. */
     for (ShadowStack *t = T.threads; t != NULL; t = t->next)
         ShadowStack_unwind_to(t, &T.clock, 0);
     if (rc < 0)
         return NULL;
     if (raise_stored_error() < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyObject *
+Tracer_unpark(void)
+{
+    if (!T.parked || atomic_load(&T.tracing))
+        Py_RETURN_NONE;
+    T.parked = 0;
+    if (Backend_off() < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -348,10 +366,11 @@ PyObject *
 Tracer_status(void)
 {
     return Py_BuildValue(
-        "{s:s,s:i,s:O,s:n,s:I,s:I}",
+        "{s:s,s:i,s:O,s:O,s:n,s:I,s:I}",
         "backend", MEMLAB_SYSMON ? "sys.monitoring" : "PyEval_SetTrace",
         "tool", T.tool,
         "tracing", atomic_load(&T.tracing) ? Py_True : Py_False,
+        "parked", T.parked ? Py_True : Py_False,
         "codes", T.codes == NULL ? (Py_ssize_t)0 : PyList_GET_SIZE(T.codes),
         "lines", atomic_load(&T.lines.count),
         "sites", atomic_load(&T.sites.count));

@@ -19,7 +19,12 @@
 int Tracer_init(PyObject *module, Engine *engine);
 /* decide(code) -> bool, called once per code object (per decide). */
 PyObject *Tracer_start(PyObject *decide);
-PyObject *Tracer_stop(void);
+/* With park, on sys.monitoring, the events stay on (callbacks return at
+ * once): turning them off and on again makes CPython re-instrument every
+ * code object it runs next and undoes every DISABLE, which would cost each
+ * measured test its share.  Tracer_unpark turns parked events off. */
+PyObject *Tracer_stop(int park);
+PyObject *Tracer_unpark(void);
 /* Forget scope decisions (the rules changed): re-decide every code. */
 PyObject *Tracer_redecide(void);
 PyObject *Tracer_line_stats(void);

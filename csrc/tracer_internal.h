@@ -40,7 +40,8 @@ typedef struct TracerState {
     PyObject *decide;
     PyObject *error;            /* stored by a callback, raised by the API */
     uint32_t epoch;
-    uint32_t run;
+    uint32_t run;               /* bumped each time the events are turned on */
+    int parked;                 /* stopped, with the events left on (3.12+) */
     atomic_int tracing;
     ShadowStack *threads;       /* every thread's stack, under the GIL */
     _Atomic(ShadowStack *) anchor;  /* the measuring thread's */

@@ -61,6 +61,8 @@ class Bridge:
         self._cpu_users = 0
         self._cuda_users = 0
         self._local = threading.local()  # install depth per thread
+        self._sink = _engine.sink()
+        self._err = ctypes.create_string_buffer(512)  # the bridge's error text, under the GIL
         self._hooks_lock = threading.Lock()
         self._hook_users = 0
         self._saved_hooks = None
@@ -88,13 +90,13 @@ class Bridge:
             self._local.aside = False
 
     def _push(self) -> None:
-        sink, ctx = _engine.sink()
-        err = ctypes.create_string_buffer(512)
+        sink, ctx = self._sink
+        err = self._err
         if self.lib.memlab_bridge_install(sink, ctx, err, len(err)) != 0:
             raise MemlabCoreError(f"installing the torch bridge failed: {err.value.decode(errors='replace')}")
 
     def _pop(self) -> None:
-        err = ctypes.create_string_buffer(512)
+        err = self._err
         if self.lib.memlab_bridge_uninstall(err, len(err)) != 0:
             raise MemlabCoreError(f"removing the torch bridge failed: {err.value.decode(errors='replace')}")
 

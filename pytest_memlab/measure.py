@@ -252,7 +252,7 @@ class Measurement:
         if self._tracing > 0:
             self._tracing -= 1
             if self._tracing == 0:
-                tracing.release(paths=True)
+                tracing.release(paths=True, park=True)
 
     def window(self) -> "TraceWindow":
         """A region where user code may run (fixture setup, the test call,

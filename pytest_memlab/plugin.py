@@ -27,7 +27,7 @@ from .options import Options, add_options
 from .results import DeviceResult, TestResult, decode, encode
 from .text import budget_failure, summary
 from .tracing import tracing
-from .verdict import exceeded
+from .verdict import exceeded, has_budget
 
 SPECS = pytest.StashKey[list]()
 RUNNING = pytest.StashKey["Running"]()
@@ -49,6 +49,8 @@ class Running:
 
     specs: list
     measurement: Measurement | None = None
+    devices: list = field(default_factory=list)   # (spec, concrete device)
+    fixtures: int = 0                     # fixtures set up while measuring
     figures: dict | None = None           # final, after teardown
     failed: dict = field(default_factory=dict)   # Exceeded.key -> Exceeded
     error: str = ""                       # memlab's own trouble
@@ -65,6 +67,7 @@ class MemlabPlugin:
         self.current: Measurement | None = None
         self.results: dict[str, TestResult] = {}
         self._outcomes: dict[str, str] = {}
+        self._made: dict[str, TestResult] = {}
         self.backend = ""
         self._worker = hasattr(config, "workerinput")
 
@@ -113,7 +116,11 @@ class MemlabPlugin:
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item):
         specs = item.stash.get(SPECS, None)
-        required = self._begin(item, specs) if specs else None
+        if specs:
+            required = self._begin(item, specs)
+        else:  # a test memlab does not measure runs with nothing of memlab's on
+            required = None
+            tracing.unpark()
         yield
         if required:  # after the inner wrappers, which must finish their setup
             pytest.fail(required, pytrace=False)
@@ -127,8 +134,9 @@ class MemlabPlugin:
         try:
             c = core()
             self.backend = f"{c.name}: {c.reason}"
-            devices = list(dict.fromkeys(self._requested(c, spec) for spec in specs))
-            measurement = Measurement(c, devices)
+            requested = [self._requested(c, spec) for spec in specs]
+            measurement = Measurement(c, list(dict.fromkeys(requested)))
+            running.devices = [(spec, measurement.resolved[r]) for spec, r in zip(specs, requested)]
             measurement.begin()
         except MemlabCoreError as exc:  # MEMLAB_CORE=bridge asked for this
             running.error = str(exc)
@@ -148,6 +156,9 @@ class MemlabPlugin:
         if measurement is None:
             yield
             return
+        running = request.node.stash.get(RUNNING, None)
+        if running is not None:
+            running.fixtures += 1
         meters = []
         if fixturedef.scope != "function" and measurement.core.name == "bridge":
             meters = [make_meter(measurement.core, device, detached=True) for device in measurement.meters]
@@ -178,7 +189,10 @@ class MemlabPlugin:
             yield
             return
         measurement = running.measurement
-        with measurement.window():
+        if running.fixtures:  # only fixture finalizers run user code here
+            with measurement.window():
+                yield
+        else:
             yield
         self.current = None
         try:
@@ -202,13 +216,19 @@ class MemlabPlugin:
         except Exception as exc:  # memlab's trouble, never the test's
             running.error = running.error or f"judging failed: {type(exc).__name__}: {exc}"
         if call.when == "teardown":
-            report.user_properties.extend(encode(self._result(item.nodeid, running)))
+            result = self._result(item.nodeid, running)
+            report.user_properties.extend(encode(result))
+            self._made[item.nodeid] = result  # this process's own, spared decoding
+            # The item lives until the session ends: keeping every test's
+            # measurement would grow what the garbage collector walks.
+            del item.stash[RUNNING]
 
     def _judge(self, running: Running, report, final: bool) -> None:
         measurement = running.measurement
+        if measurement is None:
+            return
         failures, notes = [], []
-        for spec in running.specs if measurement is not None else ():
-            device = measurement.resolved[self._requested(measurement.core, spec)]
+        for spec, device in running.devices:
             if device in measurement.unmeasured:
                 if final or not spec.marked:
                     continue
@@ -217,6 +237,8 @@ class MemlabPlugin:
                     failures.append(f"{device} not measured: {reason} (--memlab-require-cuda)")
                 else:
                     notes.append(f"{device} not measured: {reason}")
+                continue
+            if not has_budget(spec):
                 continue
             figures = running.figures[device] if final else measurement.figures(device)
             new = [e for e in exceeded(device, figures, spec) if e.key not in running.failed]
@@ -240,9 +262,7 @@ class MemlabPlugin:
 
     def _result(self, nodeid: str, running: Running) -> TestResult:
         result = TestResult(nodeid, failed=sorted(running.failed), error=running.error)
-        measurement = running.measurement
-        for spec in running.specs if measurement is not None else ():
-            device = measurement.resolved[self._requested(measurement.core, spec)]
+        for spec, device in running.devices if running.measurement is not None else ():
             figures = (running.figures or {}).get(device)
             if figures is not None:
                 result.devices[device] = DeviceResult.from_figures(figures, spec, self.options.top)
@@ -257,12 +277,15 @@ class MemlabPlugin:
             return
         if report.when != "teardown":
             return
-        result = decode(report.nodeid, report.user_properties)
+        result = self._made.pop(report.nodeid, None) or decode(report.nodeid, report.user_properties)
         outcome = self._outcomes.pop(report.nodeid, "error")
         if result is None:
             return
         result.outcome = "error" if report.failed and outcome == "passed" else outcome
         self.results[report.nodeid] = result
+
+    def pytest_unconfigure(self, config):
+        tracing.unpark()
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.results:

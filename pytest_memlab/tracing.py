@@ -149,13 +149,23 @@ class Tracing:
             else:
                 self.scope.codes[code] = count
 
-    def release(self, *, paths: bool = False, codes=()) -> None:
+    def release(self, *, paths: bool = False, codes=(), park: bool = False) -> None:
+        """Leaves the tracer; the last holder stops it.  With park, on
+        sys.monitoring, its events stay on (and cost nothing) until
+        :meth:`unpark`: the next measured test then finds every out-of-scope
+        code object still disabled instead of re-instrumenting it."""
         self.users -= 1
         self._forget(paths, codes)
         if self.users == 0:
-            engine.tracer_stop()
+            engine.tracer_stop(park=park)
         elif paths or codes:
             engine.tracer_redecide()
+
+    def unpark(self) -> None:
+        """Turns off the events a parked tracer left on (before a test that
+        is not measured, and at the end of the session)."""
+        if self.users == 0:
+            engine.tracer_unpark()
 
 
 tracing = Tracing()
