@@ -41,3 +41,14 @@ def line_no(path, text: str) -> int:
         if text in line:
             return i
     raise AssertionError(f"{text!r} not in {path}")
+
+
+@pytest.fixture
+def core():
+    """The chosen backend, which must be the torch bridge."""
+    from pytest_memlab._core import BRIDGE, core
+
+    c = core()
+    if c.name != BRIDGE:
+        pytest.fail(f"the torch bridge is not in use: {c.reason}")
+    return c

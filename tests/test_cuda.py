@@ -9,16 +9,6 @@ from conftest import MiB, line_no, requires_cuda
 pytestmark = requires_cuda
 
 
-@pytest.fixture
-def core():
-    from pytest_memlab._core import BRIDGE, core
-
-    c = core()
-    if c.name != BRIDGE:
-        pytest.fail(f"the torch bridge is not in use: {c.reason}")
-    return c
-
-
 def _measure(core, device="cuda:0"):
     from pytest_memlab.measure import Measurement
 

@@ -12,16 +12,6 @@ from conftest import MiB, requires_torch
 pytestmark = requires_torch
 
 
-@pytest.fixture
-def core():
-    from pytest_memlab._core import BRIDGE, core
-
-    c = core()
-    if c.name != BRIDGE:
-        pytest.fail(f"the torch bridge is not in use: {c.reason}")
-    return c
-
-
 def _measure(core):
     from pytest_memlab.measure import Measurement
 
