@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ._core import BRIDGE, core
 from .attribution import line_stats
-from .devices import CPU, DeviceError, parse_device, resolve, slot_of
+from .devices import CPU, DeviceError, cuda_available, parse_device, resolve, slot_of
 from .measure import make_meter
 from .tracing import tracing
 from .sizes import format_size
@@ -71,8 +71,7 @@ def _target_device(target) -> str:
     """'cpu' or 'cuda:N' for a target_gpu value (None: cuda:0 where there is
     CUDA, else the CPU)."""
     if target is None:
-        c = core()
-        return "cuda:0" if c.torch is not None and c.torch.cuda.is_available() else CPU
+        return "cuda:0" if cuda_available(core()) else CPU
     try:
         return parse_device(target, default_cuda="cuda:0")
     except DeviceError:

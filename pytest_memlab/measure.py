@@ -38,18 +38,6 @@ class DeviceFigures:
     attribution: Attribution | None = None   # where the own peak came from
     lines: list[LineStat] = field(default_factory=list)
 
-    def as_properties(self, prefix: str = "memlab") -> list[tuple[str, object]]:
-        if not self.measured:
-            return [(f"{prefix}.{self.device}.measured", "false")]
-        props = [
-            (f"{prefix}.{self.device}.peak", self.peak),
-            (f"{prefix}.{self.device}.peak_total", self.peak_total),
-            (f"{prefix}.{self.device}.leaked", self.live),
-        ]
-        if self.reserved_peak is not None:
-            props.append((f"{prefix}.{self.device}.reserved_peak", self.reserved_peak))
-        return props
-
 
 class EngineMeter:
     """One scope of the C engine on one device."""
@@ -386,6 +374,3 @@ class Limit:
             raise MemoryBudgetExceeded(budget_failure(
                 Exceeded(self.device, "peak", self.figures.peak, "limit", self.budget), self.figures, top=5))
         return False
-
-
-Region = Limit  # the name earlier versions gave the object a limit yields

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from ._core import BRIDGE
 from .devices import default_device
 from .markers import MARKERS, MarkerError, MemorySpec, specs_for
 from .measure import Measurement, make_meter
@@ -75,7 +76,9 @@ class MemlabPlugin:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_make_collect_report(self, collector):
         """A bad marker is a collection error of its module that names the
-        test and the value: the same with and without pytest-xdist."""
+        test and the value: the same with and without pytest-xdist.  (Only
+        checked here; the specs are read in pytest_collection_modifyitems,
+        after hooks that add markers.)"""
         outcome = yield
         report = outcome.get_result()
         if not report.passed:
@@ -84,7 +87,7 @@ class MemlabPlugin:
         for node in report.result:
             if isinstance(node, pytest.Item):
                 try:
-                    node.stash[SPECS] = specs_for(node)
+                    specs_for(node)
                 except MarkerError as exc:
                     errors.append(f"{node.nodeid}: {exc}")
         if errors:
@@ -160,7 +163,7 @@ class MemlabPlugin:
         if running is not None:
             running.fixtures += 1
         meters = []
-        if fixturedef.scope != "function" and measurement.core.name == "bridge":
+        if fixturedef.scope != "function" and measurement.core.name == BRIDGE:
             meters = [make_meter(measurement.core, device, detached=True) for device in measurement.meters]
         started = []
         try:

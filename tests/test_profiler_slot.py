@@ -5,7 +5,6 @@ past its end.  These tests pin what torch must see there: no profiler while
 memlab measures, torch.profiler still usable on top, and the slot empty again
 once the measurement ends."""
 
-import pytest
 
 from conftest import MiB, requires_torch
 
