@@ -43,15 +43,29 @@ def outcomes(junit: str) -> dict[str, tuple[str, bool]]:
     return out
 
 
-def run(folder: str, args: list[str], junit: str, measured: bool) -> float:
+# Measured once more each, after the rounds, to say where the added time
+# goes: without line attribution (no code in scope, so the tracer decides
+# everything is out at once), and with memlab loaded but measuring nothing
+# (-p memlab without --memlab-report: its hooks only).
+BREAKDOWN = {
+    "measured, no line attribution": ["--memlab-report", "--memlab-include=__memlab_nothing__/*"],
+    "memlab loaded, measuring nothing": [],
+}
+
+
+def run(folder: str, args: list[str], junit: str, measured: bool, memlab_args: list[str] | None = None,
+        label: str = "") -> float:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            "-o", "junit_family=xunit2", *args]
-    cmd += ["--memlab-report"] if measured else ["-p", "no:memlab"]
+    if memlab_args is not None:
+        cmd += memlab_args
+    else:
+        cmd += ["--memlab-report"] if measured else ["-p", "no:memlab"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:]
-    print(f"  {'measured' if measured else 'unmeasured'}: {elapsed:.1f}s, exit {proc.returncode}: "
+    print(f"  {label or ('measured' if measured else 'unmeasured')}: {elapsed:.1f}s, exit {proc.returncode}: "
           f"{tail[0] if tail else ''}", flush=True)
     if measured:
         with open(junit + ".log", "w") as f:
@@ -70,20 +84,38 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", help="append the summary (markdown) to this file")
     ap.add_argument("--name", default="", help="the suite's name in the summary")
+    ap.add_argument("--budget", type=float, default=0,
+                    help="seconds: start no round or breakdown run that would end past this")
+    ap.add_argument("--breakdown", action="store_true", help="also the runs of BREAKDOWN, once each")
     args = ap.parse_args(argv)
     times = {False: [], True: []}
     results = {}
+    breakdown = {}
+    start = time.perf_counter()
+
+    def fits(seconds: float) -> bool:
+        return not args.budget or time.perf_counter() - start + seconds <= args.budget
+
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
+            if r and not fits(sum(times[False]) / r + sum(times[True]) / r):
+                print(f"round {r + 1}: skipped (--budget {args.budget:.0f} s)", flush=True)
+                break
             print(f"round {r + 1}", flush=True)
             for measured in (False, True):
                 junit = os.path.join(tmp, f"{'on' if measured else 'off'}-{r}.xml")
                 times[measured].append(run(args.suite, extra, junit, measured))
                 results[(measured, r)] = outcomes(junit)
-        last_log = open(os.path.join(tmp, f"on-{args.rounds - 1}.xml.log")).read()
+        rounds = len(times[True])
+        last_log = open(os.path.join(tmp, f"on-{rounds - 1}.xml.log")).read()
+        for label, memlab_args in BREAKDOWN.items() if args.breakdown else ():
+            if not fits(statistics.median(times[True])):
+                print(f"  {label}: skipped (--budget {args.budget:.0f} s)", flush=True)
+                continue
+            breakdown[label] = run(args.suite, extra, os.path.join(tmp, "breakdown.xml"), True, memlab_args, label)
     off, on = results[(False, 0)], results[(True, 0)]
     problems = []
-    for r in range(args.rounds):
+    for r in range(rounds):
         a, b = results[(False, r)], results[(True, r)]
         for name in sorted(set(a) | set(b)):
             oa, ob = a.get(name, ("absent", False))[0], b.get(name, ("absent", False))[0]
@@ -103,10 +135,13 @@ def main() -> int:
         f"- tests: {len(off)} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))})",
         f"- outcomes identical: {'yes' if not problems else 'NO'} ({len(problems)} differences)",
         f"- tests that ran with figures under --memlab-report: {len(ran) - len(without)} of {len(ran)}",
-        f"- wall time, median of {args.rounds}: unmeasured {t_off:.1f} s, measured {t_on:.1f} s: "
-        f"**{ratio:.3f}x** (target <= {TARGET:.2f}x)",
+        f"- wall time, median of {rounds} round(s): unmeasured {t_off:.1f} s, measured {t_on:.1f} s: "
+        f"**{ratio:.3f}x** (target <= {TARGET:.2f}x); each round: "
+        + ", ".join(f"{a:.1f}/{b:.1f} s" for a, b in zip(times[False], times[True])),
         f"- memlab's summary line: `{summary_line.strip()}`",
     ]
+    for label, seconds in breakdown.items():
+        lines.append(f"- {label} (once): {seconds:.1f} s, {seconds / t_off:.3f}x")
     text = "\n".join(lines)
     print(text)
     for p in problems[:30]:

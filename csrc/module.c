@@ -69,11 +69,13 @@ sites_to_list(const SiteStats *st, int at_peak)
     PyObject *list = PyList_New(0);
     if (list == NULL)
         return NULL;
-    for (uint32_t i = 0; i < st->cap; i++) {
-        int64_t v = at_peak ? st->cells[i].at_peak : st->cells[i].live;
-        if (v == 0)
+    uint32_t cap = SiteStats_capacity(st);
+    for (uint32_t i = 0; i < cap; i++) {
+        const SiteCell *c = &st->cells[i];
+        int64_t v = at_peak ? c->at_peak : c->live;
+        if (c->key == 0 || v == 0)
             continue;
-        PyObject *t = Py_BuildValue("(IL)", i, (long long)v);
+        PyObject *t = Py_BuildValue("(IL)", c->key - 1, (long long)v);
         if (t == NULL || PyList_Append(list, t) < 0) {
             Py_XDECREF(t);
             Py_DECREF(list);
@@ -385,9 +387,17 @@ tracer_redecide(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 }
 
 static PyObject *
-tracer_line_stats(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+tracer_line_stats(PyObject *Py_UNUSED(module), PyObject *arg)
 {
-    return Tracer_line_stats();
+    long slot = PyLong_AsLong(arg);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    if (slot < 0 || slot >= LINE_SLOTS) {
+        PyErr_Format(PyExc_ValueError, "device slot %ld has no line figures "
+                     "(0..%d do)", slot, LINE_SLOTS - 1);
+        return NULL;
+    }
+    return Tracer_line_stats((int)slot);
 }
 
 static PyObject *
@@ -455,11 +465,13 @@ static PyMethodDef engine_methods[] = {
      "tracer_unpark(): turn off the events a parked tracer left on."},
     {"tracer_redecide", tracer_redecide, METH_NOARGS,
      "tracer_redecide(): decide every code object's scope again."},
-    {"tracer_line_stats", tracer_line_stats, METH_NOARGS,
-     "tracer_line_stats() -> [(line_id, code, lineno, hits, alloc[4], "
-     "peak[4], peak_reserved[4], last_total[4])], per device slot 0..3."},
+    {"tracer_line_stats", tracer_line_stats, METH_O,
+     "tracer_line_stats(slot) -> [(line_id, code, lineno, hits, allocated, "
+     "peak_total, peak_reserved, last_total)]: the lines run or allocating "
+     "since the last reset, with their figures on device slot 0..3."},
     {"tracer_reset_lines", tracer_reset_lines, METH_NOARGS,
-     "tracer_reset_lines(): zero every line's statistics."},
+     "tracer_reset_lines(): zero the statistics of the lines touched since "
+     "the last reset."},
     {"tracer_status", tracer_status, METH_NOARGS,
      "tracer_status() -> how the tracer runs and what it holds."},
     {"site", engine_site, METH_O,

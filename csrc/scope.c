@@ -16,13 +16,15 @@ SiteStats_copy(SiteStats *dst, const SiteStats *src)
 {
     memset(dst, 0, sizeof(*dst));
     dst->oom = src->oom;
-    if (src->cap == 0)
+    uint32_t cap = SiteStats_capacity(src);
+    if (cap == 0)
         return 0;
-    dst->cells = malloc(src->cap * sizeof(SiteCell));
+    dst->cells = malloc(cap * sizeof(SiteCell));
     if (dst->cells == NULL)
         return -1;
-    memcpy(dst->cells, src->cells, src->cap * sizeof(SiteCell));
-    dst->cap = src->cap;
+    memcpy(dst->cells, src->cells, cap * sizeof(SiteCell));
+    dst->mask = src->mask;
+    dst->count = src->count;
     return 0;
 }
 
@@ -34,41 +36,81 @@ ScopeStack_fini(ScopeStack *self)
     self->depth = 0;
 }
 
-/* Grows the tables to hold site; called on the event path, so a failure
- * only marks the figures incomplete. */
-static int
-SiteStats_reserve(SiteStats *st, uint32_t site)
+static inline uint32_t
+site_hash(uint32_t key)
 {
-    if (site < st->cap)
-        return 0;
-    uint32_t cap = st->cap ? st->cap : 64;
-    while (cap <= site)
-        cap *= 2;
-    SiteCell *cells = realloc(st->cells, cap * sizeof(SiteCell));
-    if (cells == NULL)
+    return key * UINT32_C(0x9E3779B1);
+}
+
+/* Doubles the map (or makes the first one) and rebuilds the dirty list,
+ * whose indices moved; called on the event path, so a failure only marks
+ * the figures incomplete. */
+static int
+SiteStats_grow(SiteStats *st)
+{
+    uint32_t old_cap = SiteStats_capacity(st);
+    uint32_t cap = old_cap ? old_cap * 2 : 64;
+    SiteCell *cells = calloc(cap, sizeof(SiteCell));
+    uint32_t *list = malloc(cap * sizeof(uint32_t));
+    if (cells == NULL || list == NULL) {
+        free(cells);
+        free(list);
         return -1;
-    memset(cells + st->cap, 0, (cap - st->cap) * sizeof(SiteCell));
+    }
+    uint32_t ndirty = 0;
+    for (uint32_t i = 0; i < old_cap; i++) {
+        const SiteCell *c = &st->cells[i];
+        if (c->key == 0)
+            continue;
+        uint32_t j = site_hash(c->key) & (cap - 1);
+        while (cells[j].key != 0)
+            j = (j + 1) & (cap - 1);
+        cells[j] = *c;
+        if (c->dirty == st->epoch + 1)
+            list[ndirty++] = j;
+    }
+    free(st->cells);
+    free(st->dirty_list);
     st->cells = cells;
-    uint32_t *list = realloc(st->dirty_list, cap * sizeof(uint32_t));
-    if (list == NULL)
-        return -1;      /* cells grew; cap stays, so this retries next time */
     st->dirty_list = list;
-    st->cap = cap;
+    st->mask = cap - 1;
+    st->ndirty = ndirty;
     return 0;
+}
+
+/* The cell of site, made when new; NULL when out of memory. */
+static inline SiteCell *
+SiteStats_cell(SiteStats *st, uint32_t site, uint32_t *index)
+{
+    uint32_t key = site + 1;
+    if ((st->count + 1) * 2 > SiteStats_capacity(st) && SiteStats_grow(st) < 0)
+        return NULL;
+    uint32_t i = site_hash(key) & st->mask;
+    while (st->cells[i].key != key) {
+        if (st->cells[i].key == 0) {
+            st->cells[i].key = key;
+            st->count++;
+            break;
+        }
+        i = (i + 1) & st->mask;
+    }
+    *index = i;
+    return &st->cells[i];
 }
 
 static inline void
 SiteStats_add(SiteStats *st, uint32_t site, int64_t delta)
 {
-    if (SiteStats_reserve(st, site) < 0) {
+    uint32_t i;
+    SiteCell *c = SiteStats_cell(st, site, &i);
+    if (c == NULL) {
         st->oom = 1;
         return;
     }
-    SiteCell *c = &st->cells[site];
     c->live += delta;
     if (c->dirty != st->epoch + 1) {
         c->dirty = st->epoch + 1;
-        st->dirty_list[st->ndirty++] = site;
+        st->dirty_list[st->ndirty++] = i;
     }
 }
 

@@ -14,22 +14,33 @@
 
 /* Own live bytes of one allocation site, now and at the scope's peak. */
 typedef struct SiteCell {
+    uint32_t key;       /* site id + 1; 0: an empty cell */
     int64_t live;
     int64_t at_peak;
-    uint64_t dirty;     /* == SiteStats.epoch: changed since the last peak */
+    uint64_t dirty;     /* == SiteStats.epoch + 1: changed since the last peak */
 } SiteCell;
 
-/* Per-site accounting of a scope, indexed by site id (0: unknown).  The
- * snapshot at the peak is kept amortised O(1): a new peak copies only the
- * sites that changed since the previous one (the dirty list). */
+/* Per-site accounting of a scope: an open-addressing map from site id (0:
+ * unknown) to its cell, sized by the sites this scope touched, so that a
+ * test costs the same in the ten-thousandth test of a suite as in the
+ * first (site ids grow with the suite).  The snapshot at the peak is kept
+ * amortised O(1): a new peak copies only the cells that changed since the
+ * previous one (the dirty list). */
 typedef struct SiteStats {
     SiteCell *cells;
-    uint32_t *dirty_list;
-    uint32_t cap;
+    uint32_t *dirty_list;   /* cell indices */
+    uint32_t mask;          /* capacity - 1; capacity 0 until the first site */
+    uint32_t count;         /* cells in use */
     uint32_t ndirty;
     uint64_t epoch;
     int oom;            /* a table could not grow: site figures incomplete */
 } SiteStats;
+
+static inline uint32_t
+SiteStats_capacity(const SiteStats *st)
+{
+    return st->cells == 0 ? 0 : st->mask + 1;
+}
 
 typedef struct Scope {
     uint32_t id;

@@ -22,8 +22,10 @@ static void
 line_begin(ShadowFrame *f, const LineClock *clock)
 {
     LineRec *r = LineTable_get(clock->lines, f->line);
-    if (r != NULL)
+    if (r != NULL) {
+        LineTable_touch(clock->lines, r, f->line);
         atomic_fetch_add_explicit(&r->hits, 1, memory_order_relaxed);
+    }
     for (int s = 0; s < LINE_SLOTS; s++) {
         f->hw[s] = Engine_current_total(clock->engine, s);
         f->hwr[s] = Engine_current_reserved(clock->engine, s);
@@ -44,6 +46,7 @@ line_end(ShadowFrame *f, const LineClock *clock)
     LineRec *r = LineTable_get(clock->lines, f->line);
     if (r == NULL)
         return;
+    LineTable_touch(clock->lines, r, f->line);
     for (int s = 0; s < LINE_SLOTS; s++) {
         store_max(&r->peak[s], f->hw[s]);
         store_max(&r->peak_reserved[s], f->hwr[s]);

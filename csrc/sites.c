@@ -32,10 +32,14 @@ LineTable_init(LineTable *self)
 {
     memset(self, 0, sizeof(*self));
     atomic_init(&self->count, 0);
+    atomic_init(&self->epoch, 1);     /* new records hold 0: untouched */
+    atomic_init(&self->ntouched, 0);
+    atomic_init(&self->touched_overflow, 0);
     self->mask = 1023;
     self->keys = calloc(self->mask + 1, sizeof(uint64_t));
     self->vals = calloc(self->mask + 1, sizeof(uint32_t));
-    if (self->keys == NULL || self->vals == NULL) {
+    self->touched = calloc(LINE_TOUCHED_CAP, sizeof(uint32_t));
+    if (self->keys == NULL || self->vals == NULL || self->touched == NULL) {
         LineTable_fini(self);
         return -1;
     }
@@ -49,6 +53,7 @@ LineTable_fini(LineTable *self)
         free(self->chunks[i]);
     free(self->keys);
     free(self->vals);
+    free(self->touched);
     memset(self, 0, sizeof(*self));
 }
 
@@ -107,20 +112,51 @@ LineTable_intern(LineTable *self, uint32_t code, int32_t lineno)
     return n + 1;
 }
 
+int
+LineTable_touched(LineTable *self, const uint32_t **ids, uint32_t *n)
+{
+    if (atomic_load_explicit(&self->touched_overflow, memory_order_relaxed))
+        return -1;
+    uint32_t k = atomic_load_explicit(&self->ntouched, memory_order_acquire);
+    *ids = self->touched;
+    *n = k < LINE_TOUCHED_CAP ? k : LINE_TOUCHED_CAP;
+    return 0;
+}
+
+static void
+LineRec_zero(LineRec *r)
+{
+    atomic_store_explicit(&r->hits, 0, memory_order_relaxed);
+    for (int s = 0; s < LINE_SLOTS; s++) {
+        atomic_store_explicit(&r->alloc[s], 0, memory_order_relaxed);
+        atomic_store_explicit(&r->peak[s], 0, memory_order_relaxed);
+        atomic_store_explicit(&r->peak_reserved[s], 0, memory_order_relaxed);
+        atomic_store_explicit(&r->last_total[s], 0, memory_order_relaxed);
+    }
+}
+
 void
 LineTable_reset(LineTable *self)
 {
-    uint32_t n = atomic_load(&self->count);
-    for (uint32_t id = 1; id <= n; id++) {
-        LineRec *r = LineTable_get(self, id);
-        atomic_store_explicit(&r->hits, 0, memory_order_relaxed);
-        for (int s = 0; s < LINE_SLOTS; s++) {
-            atomic_store_explicit(&r->alloc[s], 0, memory_order_relaxed);
-            atomic_store_explicit(&r->peak[s], 0, memory_order_relaxed);
-            atomic_store_explicit(&r->peak_reserved[s], 0, memory_order_relaxed);
-            atomic_store_explicit(&r->last_total[s], 0, memory_order_relaxed);
+    const uint32_t *ids;
+    uint32_t n;
+    if (LineTable_touched(self, &ids, &n) < 0) {
+        n = atomic_load(&self->count);
+        for (uint32_t id = 1; id <= n; id++)
+            LineRec_zero(LineTable_get(self, id));
+        n = LINE_TOUCHED_CAP;
+    }
+    else {
+        for (uint32_t i = 0; i < n; i++) {
+            LineRec *r = LineTable_get(self, ids[i]);
+            if (r != NULL)
+                LineRec_zero(r);
         }
     }
+    memset(self->touched, 0, n * sizeof(uint32_t));
+    atomic_store(&self->ntouched, 0);
+    atomic_store(&self->touched_overflow, 0);
+    atomic_fetch_add(&self->epoch, 1);
 }
 
 int

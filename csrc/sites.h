@@ -28,6 +28,7 @@
 typedef struct LineRec {
     uint32_t code;
     int32_t lineno;
+    _Atomic uint32_t epoch;                 /* LineTable.epoch when last touched */
     _Atomic uint64_t hits;
     _Atomic int64_t alloc[LINE_SLOTS];      /* bytes allocated by the line */
     _Atomic int64_t peak[LINE_SLOTS];       /* highest total while it ran */
@@ -41,7 +42,17 @@ typedef struct LineTable {
     uint64_t *keys;             /* (code << 32 | lineno) -> id map, GIL only */
     uint32_t *vals;
     uint32_t mask;
+    /* The lines whose statistics changed since the last reset, so that a
+     * reset and a read cost what one test touched, not every line the
+     * suite ever ran.  Appended from any thread; 0 marks a slot reserved
+     * but not yet written.  Past its capacity every line is read. */
+    atomic_uint epoch;
+    uint32_t *touched;
+    atomic_uint ntouched;
+    atomic_int touched_overflow;
 } LineTable;
+
+#define LINE_TOUCHED_CAP (1u << 16)
 
 typedef struct SiteRec {
     uint32_t n;
@@ -69,7 +80,28 @@ LineTable_get(LineTable *self, uint32_t id)
     id--;
     return &self->chunks[id >> TABLE_CHUNK_BITS][id & (TABLE_CHUNK - 1)];
 }
-/* Zeroes every line's statistics (not the lines themselves). */
+/* Notes that a line's statistics change in this epoch; any thread. */
+static inline void
+LineTable_touch(LineTable *self, LineRec *r, uint32_t id)
+{
+    uint32_t epoch = atomic_load_explicit(&self->epoch, memory_order_relaxed);
+    uint32_t seen = atomic_load_explicit(&r->epoch, memory_order_relaxed);
+    if (seen == epoch
+        || !atomic_compare_exchange_strong(&r->epoch, &seen, epoch))
+        return;
+    uint32_t n = atomic_fetch_add_explicit(&self->ntouched, 1,
+                                           memory_order_relaxed);
+    if (n < LINE_TOUCHED_CAP)
+        self->touched[n] = id;
+    else
+        atomic_store_explicit(&self->touched_overflow, 1, memory_order_relaxed);
+}
+/* The lines touched since the last reset: their ids in *ids (0 entries to
+ * be skipped) and their count in *n; -1 when there were more than the list
+ * holds, and every line 1..count must be read instead. */
+int LineTable_touched(LineTable *self, const uint32_t **ids, uint32_t *n);
+/* Zeroes the statistics of the lines touched since the last reset (not the
+ * lines themselves), and starts a new epoch. */
 void LineTable_reset(LineTable *self);
 
 int SiteTable_init(SiteTable *self);

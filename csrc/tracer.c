@@ -151,9 +151,11 @@ tracer_attribute(void *ctx, int slot, int64_t size, int64_t total,
         if (reserved > top->hwr[slot])
             top->hwr[slot] = reserved;
         LineRec *r = LineTable_get(&T.lines, top->line);
-        if (r != NULL)
+        if (r != NULL) {
+            LineTable_touch(&T.lines, r, top->line);
             atomic_fetch_add_explicit(&r->alloc[slot], size,
                                       memory_order_relaxed);
+        }
     }
     uint32_t chain[SITE_CHAIN];
     uint32_t n = d < SITE_CHAIN ? (uint32_t)d : SITE_CHAIN;
@@ -264,24 +266,6 @@ Tracer_redecide(void)
     Py_RETURN_NONE;
 }
 
-static PyObject *
-slots_list(_Atomic int64_t *values)
-{
-    PyObject *list = PyList_New(LINE_SLOTS);
-    if (list == NULL)
-        return NULL;
-    for (int s = 0; s < LINE_SLOTS; s++) {
-        PyObject *v = PyLong_FromLongLong(
-            atomic_load_explicit(&values[s], memory_order_relaxed));
-        if (v == NULL) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, s, v);
-    }
-    return list;
-}
-
 PyObject *
 Tracer_line(uint32_t line)
 {
@@ -296,33 +280,31 @@ Tracer_line(uint32_t line)
 }
 
 PyObject *
-Tracer_line_stats(void)
+Tracer_line_stats(int slot)
 {
     PyObject *result = PyList_New(0);
     if (result == NULL)
         return NULL;
-    uint32_t n = atomic_load(&T.lines.count);
-    for (uint32_t id = 1; id <= n; id++) {
+    const uint32_t *ids;
+    uint32_t n;
+    int all = LineTable_touched(&T.lines, &ids, &n) < 0;
+    if (all)
+        n = atomic_load(&T.lines.count);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t id = all ? i + 1 : ids[i];
         LineRec *r = LineTable_get(&T.lines, id);
-        uint64_t hits = atomic_load_explicit(&r->hits, memory_order_relaxed);
-        int any = hits != 0;
-        for (int s = 0; s < LINE_SLOTS && !any; s++)
-            any = atomic_load_explicit(&r->alloc[s], memory_order_relaxed) != 0;
-        if (!any)
+        if (r == NULL)
             continue;
-        PyObject *alloc = slots_list(r->alloc), *peak = slots_list(r->peak);
-        PyObject *peak_r = slots_list(r->peak_reserved);
-        PyObject *last = slots_list(r->last_total);
-        PyObject *t = NULL;
-        if (alloc && peak && peak_r && last)
-            t = Py_BuildValue("(IOiKOOOO)", id,
-                              PyList_GET_ITEM(T.codes, r->code - 1), r->lineno,
-                              (unsigned long long)hits, alloc, peak, peak_r,
-                              last);
-        Py_XDECREF(alloc);
-        Py_XDECREF(peak);
-        Py_XDECREF(peak_r);
-        Py_XDECREF(last);
+        uint64_t hits = atomic_load_explicit(&r->hits, memory_order_relaxed);
+        long long alloc = atomic_load_explicit(&r->alloc[slot], memory_order_relaxed);
+        if (hits == 0 && alloc == 0)
+            continue;
+        PyObject *t = Py_BuildValue(
+            "(IOiKLLLL)", id, PyList_GET_ITEM(T.codes, r->code - 1), r->lineno,
+            (unsigned long long)hits, alloc,
+            (long long)atomic_load_explicit(&r->peak[slot], memory_order_relaxed),
+            (long long)atomic_load_explicit(&r->peak_reserved[slot], memory_order_relaxed),
+            (long long)atomic_load_explicit(&r->last_total[slot], memory_order_relaxed));
         if (t == NULL || PyList_Append(result, t) < 0) {
             Py_XDECREF(t);
             Py_DECREF(result);

@@ -27,7 +27,9 @@ PyObject *Tracer_stop(int park);
 PyObject *Tracer_unpark(void);
 /* Forget scope decisions (the rules changed): re-decide every code. */
 PyObject *Tracer_redecide(void);
-PyObject *Tracer_line_stats(void);
+/* Lines touched since the last reset, with their figures on one device
+ * slot (< LINE_SLOTS). */
+PyObject *Tracer_line_stats(int slot);
 PyObject *Tracer_reset_lines(void);
 PyObject *Tracer_site(uint32_t site);
 PyObject *Tracer_line(uint32_t line);

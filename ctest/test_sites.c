@@ -27,13 +27,53 @@ test_lines_intern_once_and_reset(void **state)
     LineRec *r = LineTable_get(t, a);
     assert_int_equal(r->code, 1);
     assert_int_equal(r->lineno, 10);
+    LineTable_touch(t, r, a);
+    LineTable_touch(t, r, a);   /* once per epoch */
     atomic_store(&r->hits, 5);
     atomic_store(&r->peak[1], 99);
+    const uint32_t *ids;
+    uint32_t n;
+    assert_int_equal(LineTable_touched(t, &ids, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], a);
     LineTable_reset(t);
     assert_int_equal(atomic_load(&r->hits), 0);
     assert_int_equal(atomic_load(&r->peak[1]), 0);
+    assert_int_equal(LineTable_touched(t, &ids, &n), 0);
+    assert_int_equal(n, 0);
+    /* a new epoch: the same line is listed again when touched again */
+    LineTable_touch(t, r, a);
+    assert_int_equal(LineTable_touched(t, &ids, &n), 0);
+    assert_int_equal(n, 1);
     assert_null(LineTable_get(t, 0));
     assert_null(LineTable_get(t, 1000000));
+    LineTable_fini(t);
+    free(t);
+}
+
+/* More lines touched than the list holds: every line is read and reset. */
+static void
+test_lines_touched_past_the_list_reset_them_all(void **state)
+{
+    (void)state;
+    LineTable *t = calloc(1, sizeof(LineTable));
+    assert_int_equal(LineTable_init(t), 0);
+    uint32_t count = LINE_TOUCHED_CAP + 10;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t id = LineTable_intern(t, 3, (int32_t)i);
+        assert_int_not_equal(id, 0);
+        LineRec *r = LineTable_get(t, id);
+        LineTable_touch(t, r, id);
+        atomic_store(&r->alloc[0], 1);
+    }
+    const uint32_t *ids;
+    uint32_t n;
+    assert_int_equal(LineTable_touched(t, &ids, &n), -1);
+    LineTable_reset(t);
+    for (uint32_t id = 1; id <= count; id++)
+        assert_int_equal(atomic_load(&LineTable_get(t, id)->alloc[0]), 0);
+    assert_int_equal(LineTable_touched(t, &ids, &n), 0);
+    assert_int_equal(n, 0);
     LineTable_fini(t);
     free(t);
 }
@@ -75,6 +115,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lines_intern_once_and_reset),
+        cmocka_unit_test(test_lines_touched_past_the_list_reset_them_all),
         cmocka_unit_test(test_sites_intern_chains),
     };
     return cmocka_run_group_tests_name("sites", tests, NULL, NULL);

@@ -66,6 +66,7 @@ class Bridge:
         self._hooks_lock = threading.Lock()
         self._hook_users = 0
         self._saved_hooks = None
+        self._hooks_parked = False
 
     def install(self) -> None:
         """Pushes the reporter into torch's profiler slot on the calling
@@ -75,19 +76,34 @@ class Bridge:
         depth = getattr(self._local, "depth", 0)
         if depth == 0:
             self._push()
-            self._profiler_hooks(+1)
+            if self._hooks_parked:
+                self._hooks_parked = False  # the parked hold becomes this one
+            else:
+                self._profiler_hooks(+1)
         self._local.depth = depth + 1
 
-    def uninstall(self) -> None:
+    def uninstall(self, park: bool = False) -> None:
+        """Undoes one install.  With park, the last one leaves torch's
+        profiler hooks wrapped (they only pass through while nothing
+        measures) for the next measured test, until :meth:`unpark`."""
         depth = getattr(self._local, "depth", 0) - 1
         if depth < 0:
             return
         self._local.depth = depth
         if depth == 0:
-            self._profiler_hooks(-1)
+            if park and not self._hooks_parked:
+                self._hooks_parked = True
+            else:
+                self._profiler_hooks(-1)
             if not getattr(self._local, "aside", False):
                 self._pop()
             self._local.aside = False
+
+    def unpark(self) -> None:
+        """Gives torch its own profiler hooks back after a parked uninstall."""
+        if self._hooks_parked:
+            self._hooks_parked = False
+            self._profiler_hooks(-1)
 
     def _push(self) -> None:
         sink, ctx = self._sink
@@ -132,8 +148,10 @@ class Bridge:
 
     def cpu(self, on: bool) -> None:
         """CPU reporting stays on while any CPU scope is open."""
+        before = self._cpu_users > 0
         self._cpu_users += 1 if on else -1
-        self.lib.memlab_bridge_set_cpu(1 if self._cpu_users > 0 else 0)
+        if (self._cpu_users > 0) != before:
+            self.lib.memlab_bridge_set_cpu(1 if self._cpu_users > 0 else 0)
 
     def cuda(self, on: bool, initialized: bool = True) -> None:
         """Attaches the trace tracker once CUDA is initialised (attached
@@ -193,6 +211,7 @@ class Core:
         self.reason = reason
         self.bridge = bridge
         self.torch = torch
+        self.cuda_available: bool | None = None   # devices.cuda_available's answer, once asked
 
     def __repr__(self) -> str:
         return f"Core({self.name!r}, {self.reason!r})"
@@ -212,6 +231,13 @@ def _find_or_build_bridge(torch) -> Path:
 
 
 _core: Core | None = None
+
+
+def unpark() -> None:
+    """Before a test memlab does not measure, and at the end: whatever the
+    plugin left parked between measured tests is taken back."""
+    if _core is not None and _core.bridge is not None:
+        _core.bridge.unpark()
 
 
 def core() -> Core:

@@ -100,30 +100,41 @@ class Attribution:
         return [SiteBytes(b, chain_of(site)) for site, b in sorted(self.site_bytes, key=lambda sb: -sb[1])]
 
 
-@dataclass
 class LineStat:
-    """One line's figures for one device over a measurement."""
+    """One line's figures for one device over a measurement; its frame
+    (paths, names) is made when someone reads it."""
 
-    code: object          # the code object the line belongs to
-    frame: Frame
-    hits: int
-    allocated: int        # bytes allocated while it was the innermost user line
-    peak_total: int       # highest device total while it ran, callees included
-    peak_reserved: int
-    last_total: int       # device total when it last finished
+    __slots__ = ("code", "lineno", "hits", "allocated", "peak_total", "peak_reserved", "last_total", "_frame")
+
+    def __init__(self, code, lineno: int, hits: int, allocated: int, peak_total: int, peak_reserved: int,
+                 last_total: int):
+        self.code = code                    # the code object the line belongs to
+        self.lineno = lineno
+        self.hits = hits
+        self.allocated = allocated          # bytes allocated while it was the innermost user line
+        self.peak_total = peak_total        # highest device total while it ran, callees included
+        self.peak_reserved = peak_reserved
+        self.last_total = last_total        # device total when it last finished
+        self._frame = None
+
+    @property
+    def frame(self) -> Frame:
+        if self._frame is None:
+            self._frame = frame_of(self.code, self.lineno)
+        return self._frame
 
     def as_dict(self) -> dict:
         return {**self.frame.as_dict(), "hits": self.hits, "bytes": self.allocated,
                 "peak_total": self.peak_total}
 
+    def __repr__(self) -> str:
+        return (f"LineStat({self.frame}, hits={self.hits}, allocated={self.allocated}, "
+                f"peak_total={self.peak_total})")
+
 
 def line_stats(slot: int, codes=None) -> list[LineStat]:
-    """Per-line figures for a device slot (0 the CPU, 1 + i cuda:i)."""
+    """Per-line figures for a device slot (0 the CPU, 1 + i cuda:i): the
+    lines that ran or allocated since the tracer's lines were last reset."""
     if slot >= engine.LINE_SLOTS:
         return []
-    out = []
-    for _, code, lineno, hits, alloc, peak, peak_r, last in engine.tracer_line_stats():
-        if codes is not None and code not in codes:
-            continue
-        out.append(LineStat(code, frame_of(code, lineno), hits, alloc[slot], peak[slot], peak_r[slot], last[slot]))
-    return out
+    return [LineStat(*row[1:]) for row in engine.tracer_line_stats(slot) if codes is None or row[1] in codes]

@@ -10,6 +10,8 @@ memory, so its totals are 0 by definition).
 
 from __future__ import annotations
 
+from ._core import BRIDGE, COUNTERS
+
 CPU = "cpu"
 
 
@@ -54,7 +56,12 @@ def slot_of(device: str) -> int:
 
 
 def cuda_available(core) -> bool:
-    return core.torch is not None and core.torch.cuda.is_available()
+    """Asked of torch once per process: the CUDA devices a process sees are
+    fixed when it first looks."""
+    known = getattr(core, "cuda_available", None)
+    if known is None:
+        known = core.cuda_available = core.torch is not None and core.torch.cuda.is_available()
+    return known
 
 
 def default_device(core) -> str:
@@ -72,8 +79,6 @@ def current_cuda(cuda) -> int:
 def resolve(core, device: str) -> tuple[str, str]:
     """A concrete device for ``device``, or why it cannot be measured:
     returns (device, reason); reason is empty when measurable."""
-    from ._core import BRIDGE, COUNTERS
-
     if core.name not in (BRIDGE, COUNTERS):
         return device, core.reason
     if device == CPU:

@@ -18,7 +18,7 @@ class MemoryBudgetExceeded(AssertionError):
     """A ``memlab.limit`` region used more memory than its budget."""
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceFigures:
     """What one device showed over one scope.  Sizes in bytes."""
 
@@ -76,13 +76,13 @@ class EngineMeter:
             self._release()
             raise
 
-    def _release(self) -> None:
+    def _release(self, park: bool = False) -> None:
         bridge = self.core.bridge
         if self.device == CPU:
             bridge.cpu(False)
         else:
             bridge.cuda(False)
-        bridge.uninstall()
+        bridge.uninstall(park)
 
     def _figures(self, s: dict) -> DeviceFigures:
         return DeviceFigures(
@@ -103,11 +103,11 @@ class EngineMeter:
     def total_now(self) -> int:
         return engine.totals(self.slot)[0]
 
-    def end(self) -> DeviceFigures:
+    def end(self, park: bool = False) -> DeviceFigures:
         try:
             raw = engine.end(self.slot, self.scope_id)
         finally:
-            self._release()
+            self._release(park)
         figures = self._figures(raw)
         figures.attribution = Attribution.from_scope(raw)
         return figures
@@ -157,7 +157,7 @@ class CounterMeter:
     def total_now(self) -> int:
         return self.core.torch.cuda.memory_allocated(self.index)
 
-    def end(self) -> DeviceFigures:
+    def end(self, park: bool = False) -> DeviceFigures:
         figures = self.stats()
         stack = self._open.get(self.device, [])
         if self in stack:
@@ -189,8 +189,9 @@ class Measurement:
     takes any measured device.
     """
 
-    def __init__(self, core: Core, devices: list[str], trace: bool = True):
+    def __init__(self, core: Core, devices: list[str], trace: bool = True, park: bool = False):
         self.core = core
+        self.park = park         # leave the tracer and torch's hooks ready for the next test
         self.trace = trace and core.name == BRIDGE
         self.trace_note = ""
         self._tracing = 0        # windows open now (and the span on 3.12+)
@@ -240,7 +241,7 @@ class Measurement:
         if self._tracing > 0:
             self._tracing -= 1
             if self._tracing == 0:
-                tracing.release(paths=True, park=True)
+                tracing.release(paths=True, park=self.park)
 
     def window(self) -> "TraceWindow":
         """A region where user code may run (fixture setup, the test call,
@@ -252,7 +253,7 @@ class Measurement:
         error = None
         for device, meter in reversed(list(self.meters.items())):
             try:
-                figures[device] = meter.end()
+                figures[device] = meter.end(self.park)
             except Exception as exc:  # keep closing the others
                 error = error or exc
                 figures[device] = DeviceFigures(device, False, reason=f"measurement failed: {exc}")
@@ -332,6 +333,16 @@ class Measurement:
             reason = self.unmeasured.get(device, f"{device} is not measured in this test")
             raise RuntimeError(f"memlab.limit({max!r}) cannot measure {device}: {reason}")
         return Limit(self.core, device, budget)
+
+
+def unpark() -> None:
+    """Takes back what measured tests left parked for the next one (the
+    tracer's events, torch's wrapped profiler hooks): before a test that
+    memlab does not measure, and at the end of the session."""
+    from ._core import unpark as unpark_bridge
+
+    tracing.unpark()
+    unpark_bridge()
 
 
 class TraceWindow:

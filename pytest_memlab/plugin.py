@@ -23,7 +23,7 @@ import pytest
 from ._core import BRIDGE
 from .devices import default_device
 from .markers import MARKERS, MarkerError, MemorySpec, specs_for
-from .measure import Measurement, make_meter
+from .measure import Measurement, make_meter, unpark
 from .options import Options, add_options
 from .results import DeviceResult, TestResult, decode, encode
 from .text import budget_failure, summary
@@ -116,17 +116,18 @@ class MemlabPlugin:
     def _requested(core, spec: MemorySpec) -> str:
         return default_device(core) if spec.kind == "auto" else spec.device
 
-    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item):
         specs = item.stash.get(SPECS, None)
         if specs:
             required = self._begin(item, specs)
         else:  # a test memlab does not measure runs with nothing of memlab's on
             required = None
-            tracing.unpark()
-        yield
+            unpark()
+        result = yield
         if required:  # after the inner wrappers, which must finish their setup
             pytest.fail(required, pytrace=False)
+        return result
 
     def _begin(self, item, specs) -> str | None:
         """Opens the measurement; returns a failure to raise when a backend
@@ -136,9 +137,10 @@ class MemlabPlugin:
         running = item.stash[RUNNING] = Running(specs)
         try:
             c = core()
-            self.backend = f"{c.name}: {c.reason}"
+            if not self.backend:
+                self.backend = f"{c.name}: {c.reason}"
             requested = [self._requested(c, spec) for spec in specs]
-            measurement = Measurement(c, list(dict.fromkeys(requested)))
+            measurement = Measurement(c, list(dict.fromkeys(requested)), park=True)
             running.devices = [(spec, measurement.resolved[r]) for spec, r in zip(specs, requested)]
             measurement.begin()
         except MemlabCoreError as exc:  # MEMLAB_CORE=bridge asked for this
@@ -150,15 +152,14 @@ class MemlabPlugin:
         running.measurement = self.current = measurement
         return None
 
-    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_fixture_setup(self, fixturedef, request):
         """Fixture code is user code (a trace window); broader-scoped
         fixtures set up during a measured test are measured apart (detached
         scopes): what they keep alive is not the test's."""
         measurement = self.current
         if measurement is None:
-            yield
-            return
+            return (yield)
         running = request.node.stash.get(RUNNING, None)
         if running is not None:
             running.fixtures += 1
@@ -171,32 +172,34 @@ class MemlabPlugin:
                 meter.begin()
                 started.append(meter)
             with measurement.window():
-                yield
+                return (yield)
         finally:
             for meter in reversed(started):
                 meter.end()
 
-    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
         running = pyfuncitem.stash.get(RUNNING, None)
         if running is None or running.measurement is None:
-            yield
-            return
+            return (yield)
         with running.measurement.window():
-            yield
+            return (yield)
 
-    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem):
         running = item.stash.get(RUNNING, None)
         if running is None or running.measurement is None:
-            yield
-            return
+            return (yield)
+        try:
+            if running.fixtures:  # only fixture finalizers run user code here
+                with running.measurement.window():
+                    return (yield)
+            return (yield)
+        finally:
+            self._end(running)
+
+    def _end(self, running: Running) -> None:
         measurement = running.measurement
-        if running.fixtures:  # only fixture finalizers run user code here
-            with measurement.window():
-                yield
-        else:
-            yield
         self.current = None
         try:
             running.figures = measurement.end()
@@ -207,13 +210,12 @@ class MemlabPlugin:
             self.trace_notes.add(measurement.trace_note)
 
     # -- verdicts ---------------------------------------------------------------
-    @pytest.hookimpl(hookwrapper=True)
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
-        outcome = yield
+        report = yield
         running = item.stash.get(RUNNING, None)
         if running is None or call.when == "setup":
-            return
-        report = outcome.get_result()
+            return report
         try:
             self._judge(running, report, final=call.when == "teardown")
         except Exception as exc:  # memlab's trouble, never the test's
@@ -225,6 +227,7 @@ class MemlabPlugin:
             # The item lives until the session ends: keeping every test's
             # measurement would grow what the garbage collector walks.
             del item.stash[RUNNING]
+        return report
 
     def _judge(self, running: Running, report, final: bool) -> None:
         measurement = running.measurement
@@ -288,7 +291,7 @@ class MemlabPlugin:
         self.results[report.nodeid] = result
 
     def pytest_unconfigure(self, config):
-        tracing.unpark()
+        unpark()
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.results:
