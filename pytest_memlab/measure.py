@@ -103,6 +103,14 @@ class EngineMeter:
     def total_now(self) -> int:
         return engine.totals(self.slot)[0]
 
+    def own_live(self) -> int:
+        """Bytes of blocks allocated in this scope and still allocated."""
+        return engine.stats(self.slot, self.scope_id)["own"]
+
+    def live_blocks(self) -> list:
+        """(addr, size, scope, site) of this scope's blocks still allocated."""
+        return engine.blocks(self.slot, self.scope_id)
+
     def end(self, park: bool = False) -> DeviceFigures:
         try:
             raw = engine.end(self.slot, self.scope_id)
@@ -272,6 +280,33 @@ class Measurement:
         if error is not None:
             raise error
         return self.final
+
+    def check_leaks(self, allowed: dict[str, int], top: int = 5, item=None) -> dict:
+        """The leak protocol, before the measurement ends: for each device
+        in allowed (device -> bytes allowed), whether the test's own blocks
+        still allocated exceed the allowance once the process is settled.
+        Returns device -> Leak for those that do.  Settling (a garbage
+        collection, cuBLAS workspaces, a synchronisation) happens only when
+        some device is over at first sight."""
+        from . import leaks
+
+        over = [d for d, limit in allowed.items()
+                if isinstance(self.meters.get(d), EngineMeter) and self.meters[d].own_live() > limit]
+        if not over:
+            return {}
+        started = time.perf_counter()
+        leaks.settle(self.core, over)
+        excused, look_past = leaks.released_by_pytest(item) if item is not None else (set(), set())
+        found = {}
+        for device in over:
+            meter = self.meters[device]
+            if meter.own_live() <= allowed[device]:
+                continue
+            leak = leaks.find(self.core, device, meter.live_blocks(), allowed[device], top, started,
+                              excused, look_past)
+            if leak.bytes > allowed[device]:
+                found[device] = leak
+        return found
 
     # -- the fixture's API ---------------------------------------------------
     @property

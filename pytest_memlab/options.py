@@ -36,6 +36,16 @@ def positive_int(value: str) -> int:
     return n
 
 
+LEAK_POLICIES = ("fail", "warn", "off")
+
+
+def leak_policy(value: str) -> str:
+    value = value.strip().lower()
+    if value not in LEAK_POLICIES:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a leak policy (expected one of: fail, warn, off)")
+    return value
+
+
 def add_options(parser) -> None:
     group = parser.getgroup("memlab", "memory budgets and measurement (pytest-memlab)")
     group.addoption(
@@ -59,7 +69,14 @@ def add_options(parser) -> None:
         help="files whose lines get attributed (repeatable; default: files under rootdir outside "
              "site-packages and the stdlib) (ini: memlab_include)",
     )
+    group.addoption(
+        "--memlab-leaks", type=leak_policy, default=None, metavar="fail|warn|off",
+        help="what a measured test without a memory marker that leaves tensors allocated after its "
+             "teardown gets: a failure, a warning (default) or nothing; marked tests fail beyond their "
+             "leaks= (default 0) (ini: memlab_leaks)",
+    )
     parser.addini("memlab", type="bool", default=False, help="measure every test, marked or not")
+    parser.addini("memlab_leaks", default="warn", help="as --memlab-leaks")
     parser.addini("memlab_top", default="5", help="as --memlab-top")
     parser.addini("memlab_include", type="linelist", default=[], help="as --memlab-include")
     parser.addini("memlab_report", default="", help="report spec, as --memlab-report")
@@ -78,6 +95,7 @@ class Options:
     require_cuda: bool
     top: int
     include: tuple[str, ...]
+    leaks: str = "warn"
 
     @classmethod
     def from_config(cls, config) -> "Options":
@@ -94,7 +112,12 @@ class Options:
             top = positive_int(str(_option(config, "memlab_top", "memlab_top")))
         except argparse.ArgumentTypeError as exc:
             raise pytest.UsageError(f"ini memlab_top: {exc}") from None
+        try:
+            leaks = leak_policy(str(_option(config, "memlab_leaks", "memlab_leaks")))
+        except argparse.ArgumentTypeError as exc:
+            raise pytest.UsageError(f"ini memlab_leaks: {exc}") from None
         return cls(
+            leaks=leaks,
             report=report,
             measure_all=bool(_option(config, "memlab", "memlab")) or bool(report),
             require_cuda=bool(_option(config, "memlab_require_cuda", "memlab_require_cuda")),

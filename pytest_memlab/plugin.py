@@ -16,6 +16,7 @@ missing bridge is then an error of the test's setup, naming memlab).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import pytest
@@ -26,11 +27,17 @@ from .markers import MARKERS, MarkerError, MemorySpec, specs_for
 from .measure import Measurement, make_meter, unpark
 from .options import Options, add_options
 from .results import DeviceResult, TestResult, decode, encode
-from .text import budget_failure, summary
+from .text import budget_failure, leak_report, summary
 from .tracing import tracing
 from .verdict import exceeded, has_budget
 
 SPECS = pytest.StashKey[list]()
+
+
+class MemlabLeakWarning(UserWarning):
+    """A measured test left tensors allocated after its teardown (the
+    ``warn`` leak policy); the text names them and their holders."""
+
 RUNNING = pytest.StashKey["Running"]()
 
 
@@ -54,6 +61,10 @@ class Running:
     fixtures: int = 0                     # fixtures set up while measuring
     figures: dict | None = None           # final, after teardown
     failed: dict = field(default_factory=dict)   # Exceeded.key -> Exceeded
+    leaks: dict = field(default_factory=dict)    # device -> Leak (after teardown)
+    leak_policy: dict = field(default_factory=dict)  # device -> "fail" or "warn"
+    warned: list = field(default_factory=list)
+    call_failed: bool = False
     error: str = ""                       # memlab's own trouble
 
 
@@ -196,11 +207,36 @@ class MemlabPlugin:
                     return (yield)
             return (yield)
         finally:
-            self._end(running)
+            self._end(item, running)
 
-    def _end(self, running: Running) -> None:
+    def _leak_allowances(self, running: Running) -> dict[str, int]:
+        """device -> bytes allowed after teardown, for the devices whose
+        leaks are checked; fills running.leak_policy."""
+        allowed = {}
+        for spec, device in running.devices:
+            if device in running.measurement.unmeasured:
+                continue
+            if spec.marked:
+                if spec.leaks is None:
+                    continue
+                policy, limit = "fail", spec.leaks
+            else:
+                policy, limit = self.options.leaks, 0
+                if policy == "off":
+                    continue
+            allowed[device] = limit
+            running.leak_policy[device] = policy
+        return allowed
+
+    def _end(self, item, running: Running) -> None:
         measurement = running.measurement
         self.current = None
+        try:
+            allowed = self._leak_allowances(running)
+            if allowed:
+                running.leaks = measurement.check_leaks(allowed, self.options.top, item)
+        except Exception as exc:  # memlab's trouble, never the test's
+            running.error = f"the leak check failed: {type(exc).__name__}: {exc}"
         try:
             running.figures = measurement.end()
         except Exception as exc:
@@ -216,6 +252,8 @@ class MemlabPlugin:
         running = item.stash.get(RUNNING, None)
         if running is None or call.when == "setup":
             return report
+        if call.when == "call" and (report.failed or call.excinfo is not None):
+            running.call_failed = True
         try:
             self._judge(running, report, final=call.when == "teardown")
         except Exception as exc:  # memlab's trouble, never the test's
@@ -253,6 +291,19 @@ class MemlabPlugin:
             for e in new:
                 running.failed[e.key] = e
                 failures.append(budget_failure(e, figures, self.options.top))
+        if final:
+            for device, leak in running.leaks.items():
+                text = leak_report(leak, self.options.top)
+                if running.leak_policy.get(device) == "fail" and not running.call_failed:
+                    running.failed[leak.key] = leak
+                    failures.append(text)
+                elif running.leak_policy.get(device) == "fail":
+                    # the test keeps its own failure; the leak is told beside it
+                    running.failed[leak.key] = leak
+                    warnings.warn(MemlabLeakWarning(f"{text}\n(the test had failed already)"), stacklevel=1)
+                else:
+                    running.warned.append(leak.key)
+                    warnings.warn(MemlabLeakWarning(text), stacklevel=1)
         if failures and measurement is not None and measurement.trace_note:
             failures.append(f"(line attribution: {measurement.trace_note})")
         if notes:
@@ -267,7 +318,8 @@ class MemlabPlugin:
             report.sections.append(("memlab", text))
 
     def _result(self, nodeid: str, running: Running) -> TestResult:
-        result = TestResult(nodeid, failed=sorted(running.failed), error=running.error)
+        result = TestResult(nodeid, failed=sorted(running.failed), warned=sorted(running.warned),
+                            error=running.error)
         for spec, device in running.devices if running.measurement is not None else ():
             figures = (running.figures or {}).get(device)
             if figures is not None:

@@ -6,6 +6,7 @@ dashboards, and from pytest-xdist workers to the controller, which sees only
 the reports.  Names: ``memlab.DEVICE.KEY`` (``memlab.cuda:0.peak``) for
 figures and budgets, ``memlab.DEVICE.top`` (JSON) for the heaviest lines,
 ``memlab.failed`` (JSON list) for what memlab itself failed the test for,
+``memlab.warned`` (JSON list) for what it warned of (leaks under ``warn``),
 ``memlab.error`` for trouble in memlab's own machinery.
 """
 
@@ -60,6 +61,7 @@ class TestResult:
     outcome: str = ""
     devices: dict[str, DeviceResult] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)   # what memlab failed it for ("cpu max")
+    warned: list[str] = field(default_factory=list)   # what memlab warned of ("cpu leaks")
     error: str = ""                                    # memlab's own trouble
 
 
@@ -77,6 +79,8 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
             props.append((p + "top", json.dumps(d.top)))
     if result.failed:
         props.append((PREFIX + "failed", json.dumps(result.failed)))
+    if result.warned:
+        props.append((PREFIX + "warned", json.dumps(result.warned)))
     if result.error:
         props.append((PREFIX + "error", result.error))
     return props
@@ -91,8 +95,8 @@ def decode(nodeid: str, props) -> TestResult | None:
             continue
         result = result or TestResult(nodeid)
         rest = name[len(PREFIX):]
-        if rest == "failed":
-            result.failed = list(json.loads(value))
+        if rest in ("failed", "warned"):
+            setattr(result, rest, list(json.loads(value)))
             continue
         if rest == "error":
             result.error = str(value)

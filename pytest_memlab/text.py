@@ -48,6 +48,50 @@ def budget_failure(exceeded, figures, top: int = 5) -> str:
     return "\n".join(lines)
 
 
+def _chain_lines(chain, indent: str) -> list[str]:
+    if not chain:
+        return [f"{indent}(allocated outside user code)"]
+    return [f"{indent}allocated at {chain[0]}"] + [f"{indent}          <- {c}" for c in chain[1:]]
+
+
+def leak_report(leak, top: int = 5) -> str:
+    """A leak, shortest first: the bytes and the allowance; then per
+    allocating site the tensors living there and who holds each."""
+    lines = [f"{leak.device} leaked {format_size(leak.bytes)} after teardown (allowed {format_size(leak.allowed)})"]
+    for site in leak.sites[:top]:
+        n = len(site.tensors)
+        owned = site.bytes - site.unowned
+        head = (f"  {_plural(n, 'tensor')}, {format_size(owned)}" if n else
+                f"  {format_size(site.bytes)} in {_plural(site.blocks, 'block')}")
+        lines.append(head)
+        lines += _chain_lines(site.chain, "    ")
+        for t in site.tensors[:top]:
+            lines.append(f"    {t.describe()}  {format_size(t.bytes)}")
+            if t.holders:
+                lines += [f"      held by: {h}" for h in t.holders]
+            elif t.requires_grad:
+                lines.append("      held by: autograd or C++ only (no path from a module, class, closure or frame); "
+                             "it requires grad, so a retained autograd graph may hold it")
+            else:
+                lines.append("      held by: no path from a module, class, closure or frame was found")
+            if t.graph:
+                lines.append(f"      {t.graph}")
+        if n > top:
+            lines.append(f"    ... and {n - top} more tensors")
+        if site.unowned and n:
+            lines.append(f"    and {format_size(site.unowned)} that no Python tensor owns")
+        if site.unowned:
+            lines.append("    (bytes no Python tensor owns are held by autograd, such as a retained graph's "
+                         "saved tensors, or by C++)")
+    rest = leak.sites[top:]
+    if rest:
+        lines.append(f"  ... and {len(rest)} more sites, {format_size(sum(s.bytes for s in rest))}")
+    if leak.note:
+        lines.append(f"  ({leak.note})")
+    lines.append(f"  exactly {leak.bytes} B against {leak.allowed} B allowed")
+    return "\n".join(lines)
+
+
 def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
@@ -76,6 +120,10 @@ def summary(results: dict, backend: str, notes: set[str], table: bool) -> list[t
             out += [(f"not measured: {nodeid} {reason}", False) for nodeid in nodeids]
         else:
             out.append((f"not measured: {len(nodeids)} tests ({nodeids[0]}, ...) {reason}", False))
+    warned = [r for r in results.values() if r.warned]
+    if warned:
+        out.append((f"{_plural(len(warned), 'test')} left tensors allocated after teardown "
+                    f"({', '.join(sorted({k for r in warned for k in r.warned}))}); see the warnings above", False))
     failed = [r for r in results.values() if r.failed]
     if failed:
         out.append((f"{_plural(len(failed), 'test')} failed by memlab ({', '.join(sorted({k for r in failed for k in r.failed}))}); "

@@ -1,0 +1,400 @@
+"""Leaks: blocks a test allocated that are still allocated after its
+teardown, the tensors living in them, and who holds each.
+
+The protocol (run by the plugin after the function-scoped fixtures are torn
+down): the engine says how many of the test's own bytes are still live; only
+when that is more than allowed does memlab settle the process (a garbage
+collection for reference cycles, cuBLAS's cached workspaces cleared, the
+device synchronised) and ask again, so a test that leaves nothing pays no
+collection.  What stays is a leak: its blocks are grouped by the user call
+chain that allocated them, the Python tensors living in them are found
+among the objects the garbage collector tracks, and for each a path of
+references from a root (a module global, a class attribute, a closure, a
+frame) is searched through the collector's referrers, within a time bound.
+Blocks that no Python tensor owns are held by autograd (a retained graph's
+saved tensors) or by C++.
+
+Blocks of fixtures broader than the function, set up during the test, are
+not the test's: the engine measured them in detached scopes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import sys
+import time
+import types
+from collections import deque
+from dataclasses import dataclass, field
+
+from .attribution import Frame, chain_of
+from .devices import CPU, cuda_index
+
+POLICIES = ("fail", "warn", "off")
+HOLDER_SECONDS = 1.0      # per test, for every holder search together
+HOLDER_DEPTH = 12         # references between a tensor and its root
+
+
+@dataclass
+class LeakedTensor:
+    """A Python tensor living in a leaked block."""
+
+    shape: tuple
+    dtype: str
+    device: str
+    bytes: int                 # its storage's bytes in the leaked blocks
+    holders: list[str] = field(default_factory=list)   # reference paths from roots
+    graph: str = ""            # "retains an autograd graph (grad_fn=...)"
+    requires_grad: bool = False
+
+    @property
+    def name(self) -> str:
+        """The last step of its first holder's path, where there is one."""
+        return self.holders[0] if self.holders else ""
+
+    def describe(self) -> str:
+        shape = "(" + ", ".join(str(s) for s in self.shape) + ")"
+        return f"tensor {shape} {self.dtype}"
+
+
+@dataclass
+class LeakSite:
+    """Leaked blocks that one user call chain allocated."""
+
+    chain: list[Frame]
+    bytes: int = 0
+    blocks: int = 0
+    tensors: list[LeakedTensor] = field(default_factory=list)
+    unowned: int = 0           # bytes no Python tensor owns
+
+
+@dataclass
+class Leak:
+    """One device's leak after one test's teardown."""
+
+    device: str
+    bytes: int
+    allowed: int
+    sites: list[LeakSite] = field(default_factory=list)
+    note: str = ""             # e.g. why holders are incomplete
+
+    @property
+    def key(self) -> str:
+        return f"{self.device} leaks"
+
+
+def settle(core, devices) -> None:
+    """Frees what is only waiting to be freed: reference cycles, cuBLAS's
+    cached workspaces (torch's own CudaMemoryLeakCheck clears them too), and
+    work still queued on the measured CUDA devices."""
+    gc.collect()
+    torch = core.torch
+    if torch is None or not any(d != CPU for d in devices) or not torch.cuda.is_initialized():
+        return
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    for device in devices:
+        if device != CPU:
+            torch.cuda.synchronize(cuda_index(device))
+
+
+def _live_tensors(torch, device: str, grads: dict) -> list:
+    """The tensors the garbage collector tracks on device (dense ones with
+    storage; views count through their storage); fills grads with
+    id(gradient) -> the tensor whose .grad it is."""
+    want_cuda = device != CPU
+    index = cuda_index(device) if want_cuda else None
+    out = []
+    tensor_type = torch.Tensor
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance asks __class__, which some
+        # module-level objects answer with a deprecation warning
+        if not issubclass(type(obj), tensor_type):
+            continue
+        try:
+            grad = obj._grad if obj.is_leaf else None   # _grad: no warning for non-leaves
+            if grad is not None:
+                grads[id(grad)] = obj
+            dev = obj.device
+            if (dev.type == "cuda") != want_cuda or (want_cuda and dev.index != index):
+                continue
+            storage = obj.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        except Exception:  # sparse, meta, fake or functional tensors: no storage of their own
+            continue
+        if ptr:
+            out.append((ptr, nbytes, obj))
+    return out
+
+
+def find(core, device: str, blocks, allowed: int, top: int, started: float | None = None,
+         excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset()) -> Leak:
+    """The leak report for blocks ((addr, size, scope, site), live after
+    the protocol) on device.  excused: ids of objects that pytest releases
+    right after teardown (a function fixture's value in item.funcargs),
+    whose references ignore_ids lists: a tensor among them with no other
+    holder is not a leak."""
+    torch = core.torch
+    leak = Leak(device, sum(size for _, size, _, _ in blocks), allowed)
+    by_site: dict[int, LeakSite] = {}
+    starts = sorted(blocks)
+    addrs = [b[0] for b in starts]
+    owned: dict[int, int] = {}     # block addr -> bytes owned by tensors found
+    for addr, size, _, site in starts:
+        s = by_site.get(site)
+        if s is None:
+            s = by_site[site] = LeakSite(chain_of(site))
+        s.bytes += size
+        s.blocks += 1
+    found: dict[int, tuple] = {}   # storage ptr -> (block, first tensor)
+    grads: dict[int, object] = {}
+    tensors = _live_tensors(torch, device, grads) if torch is not None else []
+    for ptr, nbytes, tensor in tensors:
+        i = bisect.bisect_right(addrs, ptr) - 1
+        if i < 0:
+            continue
+        addr, size, _, site = starts[i]
+        if ptr >= addr + size or ptr in found:
+            continue
+        found[ptr] = (starts[i], tensor)
+        owned[addr] = owned.get(addr, 0) + min(nbytes, addr + size - ptr)
+    deadline = (started or time.perf_counter()) + HOLDER_SECONDS
+    ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
+        | {id(v) for v in found.values()} | set(ignore_ids)
+    released: dict[int, int] = {}   # block addr -> bytes of excused tensors
+    named = holders_of([t for _, t in found.values()], ignore, deadline, grads)
+    if time.perf_counter() > deadline:
+        leak.note = f"holders searched for {HOLDER_SECONDS:.0f} s; paths longer than that search are not named"
+    for ptr, ((addr, size, _, site), tensor) in found.items():
+        entry = LeakedTensor(tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""), device,
+                             min(tensor.untyped_storage().nbytes(), addr + size - ptr),
+                             holders=named.get(id(tensor), []), requires_grad=bool(tensor.requires_grad))
+        if not entry.holders and id(tensor) in excused:
+            # pytest's own reference to a torn-down function fixture's value
+            # or a failure's traceback, dropped soon: not the test's leak
+            owned[addr] = owned.get(addr, 0) - entry.bytes
+            released[addr] = released.get(addr, 0) + entry.bytes
+            continue
+        if tensor.grad_fn is not None:
+            entry.graph = f"retains an autograd graph (grad_fn={type(tensor.grad_fn).__name__})"
+        by_site[site].tensors.append(entry)
+    for addr, size, _, site in starts:
+        gone = released.get(addr, 0)
+        by_site[site].bytes -= gone
+        leak.bytes -= gone
+        by_site[site].unowned += max(0, size - gone - owned.get(addr, 0))
+    del tensors, found, grads
+    leak.sites = sorted((s for s in by_site.values() if s.bytes > 0), key=lambda s: -s.bytes)
+    return leak
+
+
+def released_by_pytest(item, limit: int = 20000) -> tuple[set[int], set[int]]:
+    """What pytest drops right after a test's teardown report (the values
+    of its function-scoped fixtures, which item.funcargs still holds while
+    teardown is judged) or at the next test's call (a failed call's
+    traceback and the locals of its frames).  Returns (ids of the objects reachable from them,
+    within limit; ids of pytest's containers to look past)."""
+    roots, look_past = [], set()
+    funcargs = getattr(item, "funcargs", None)
+    if isinstance(funcargs, dict) and funcargs:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}
+        roots += [v for name, v in funcargs.items()
+                  if not defs.get(name) or getattr(defs[name][-1], "scope", "function") == "function"]
+        look_past.add(id(funcargs))
+    # A failed call's traceback (sys.last_traceback, which pytest keeps
+    # until the next test runs) holds the failed frames' locals.
+    tb = getattr(sys, "last_traceback", None)
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename != __file__:
+            roots += list(frame.f_locals.values())
+            look_past.add(id(frame))
+        tb = tb.tb_next
+    if not roots:
+        return set(), look_past
+    reached: set[int] = set()
+    stack = list(roots)
+    while stack and len(reached) < limit:
+        obj = stack.pop()
+        if id(obj) in reached or isinstance(obj, (types.ModuleType, type, types.FunctionType)):
+            continue
+        reached.add(id(obj))
+        stack.extend(gc.get_referents(obj))
+    return reached, look_past
+
+
+# -- who holds an object -------------------------------------------------------
+
+def _module_dicts() -> dict[int, str]:
+    return {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None and hasattr(m, "__dict__")}
+
+
+def _key_text(key) -> str:
+    if isinstance(key, (str, int, float, bool)) or key is None:
+        return repr(key)
+    return f"<{type(key).__name__}>"
+
+
+def _edge(ref, child) -> str | None:
+    """How ref refers to child, as a step of a path ('[0]', "['w']",
+    '.attr'); None if ref is something to look through."""
+    if isinstance(ref, dict):
+        for k, v in ref.items():
+            if v is child:
+                return f"[{_key_text(k)}]"
+        for k in ref:
+            if k is child:
+                return f" key {_key_text(k)}"
+        return None
+    if isinstance(ref, (list, tuple, deque)):
+        for i, v in enumerate(ref):
+            if v is child:
+                return f"[{i}]"
+        return None
+    if isinstance(ref, (set, frozenset)):
+        return " (member)"
+    if isinstance(ref, types.CellType):
+        return ""
+    try:  # an instance's attributes (3.11+ may keep them without a dict object)
+        attrs = object.__getattribute__(ref, "__dict__")
+    except Exception:
+        attrs = None
+    if attrs is child:
+        return ".__dict__"
+    if isinstance(attrs, dict):
+        for k, v in attrs.items():
+            if v is child:
+                return f".{k}"
+    slots = getattr(type(ref), "__slots__", ())
+    for name in (slots,) if isinstance(slots, str) else slots:
+        if getattr(ref, name, None) is child:
+            return f".{name}"
+    return f" ({type(ref).__name__})"
+
+
+def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | None = None,
+               limit: int = 2) -> dict[int, list[str]]:
+    """id(target) -> paths of references from roots to it (at most limit
+    each, nearest first).  Breadth-first over all targets at once, one
+    gc.get_referrers scan per level, until HOLDER_DEPTH levels or the
+    deadline.  A root is a module's globals, a class, a function's closure,
+    a frame's locals.  grads maps id(gradient) -> its tensor (a .grad is
+    held in C++, out of the collector's sight)."""
+    modules = _module_dicts()
+    grads = grads or {}
+    own_frames = set()
+    f = sys._getframe()
+    while f is not None:
+        own_frames.add(id(f))
+        f = f.f_back
+    found: dict[int, list[str]] = {id(t): [] for t in targets}
+    # (id(node), target) -> (child toward the target, edge from node to child)
+    parent: dict[tuple[int, int], tuple[object, str]] = {}
+    frontier: dict[int, tuple[object, set]] = {id(t): (t, {id(t)}) for t in targets}
+    seen = {(id(t), id(t)) for t in targets}
+    ignore = ignore | {id(found), id(parent), id(frontier), id(seen), id(modules)}
+
+    def path_from(node, target: int) -> str:
+        steps = []
+        while (id(node), target) in parent:
+            node, edge = parent[(id(node), target)]
+            steps.append(edge)
+        return _tidy("".join(steps))
+
+    def add_root(target: int, text: str) -> None:
+        if len(found[target]) < limit:
+            found[target].append(text)
+
+    def step(nxt, ref, child, edge, wanted) -> None:
+        rid = id(ref)
+        for t in wanted:
+            if (rid, t) in seen:
+                continue
+            seen.add((rid, t))
+            parent[(rid, t)] = (child, edge)
+            nxt.setdefault(rid, (ref, set()))[1].add(t)
+
+    for _ in range(HOLDER_DEPTH):
+        if not frontier or time.perf_counter() > deadline:
+            break
+        nxt: dict[int, tuple[object, set]] = {}
+        for cid, (child, tset) in frontier.items():   # gradients: their tensor holds them
+            owner = grads.get(cid)
+            if owner is not None:
+                step(nxt, owner, child, ".grad", tset)
+        refs = gc.get_referrers(*(obj for obj, _ in frontier.values()))
+        ignore.add(id(refs))
+        for ref in refs:
+            rid = id(ref)
+            if rid in ignore or rid in own_frames:
+                continue
+            is_frame = isinstance(ref, types.FrameType)
+            if is_frame and ref.f_code.co_filename == __file__:
+                continue
+            for child in (obj for obj, _ in frontier.values()) if is_frame else gc.get_referents(ref):
+                entry = frontier.get(id(child))
+                if entry is None or entry[0] is not child:
+                    continue
+                wanted = {t for t in entry[1] if len(found[t]) < limit}
+                if not wanted:
+                    continue
+                if is_frame:
+                    name = next((k for k, v in ref.f_locals.items() if v is child), None)
+                    if name is None:
+                        continue
+                    code = ref.f_code
+                    where = (f"local {name} of {getattr(code, 'co_qualname', code.co_name)} "
+                             f"({code.co_filename.rsplit('/', 1)[-1]}:{ref.f_lineno})")
+                    for t in wanted:
+                        add_root(t, where + path_from(child, t))
+                    continue
+                if isinstance(ref, types.FunctionType) and ref.__closure__ is child:
+                    names = ref.__code__.co_freevars
+                    for t in wanted:
+                        below = path_from(child, t)   # "[i]...": the cell's index
+                        i = int(below[1:below.index("]")]) if below.startswith("[") else -1
+                        var = names[i] if 0 <= i < len(names) else "?"
+                        rest = below[below.index("]") + 1:] if i >= 0 else below
+                        add_root(t, f"closure of {ref.__module__}.{ref.__qualname__} (variable {var}){rest}")
+                    continue
+                if isinstance(ref, type):
+                    for t in wanted:
+                        below = path_from(child, t) if isinstance(child, dict) \
+                            else (_edge(ref, child) or "") + path_from(child, t)
+                        add_root(t, f"class {ref.__module__}.{ref.__qualname__}, attribute {_named(below)}")
+                    continue
+                edge = _edge(ref, child)
+                if edge is None:
+                    continue
+                if isinstance(ref, dict) and rid in modules:
+                    for t in wanted:
+                        add_root(t, f"module {modules[rid]}, global {_named(edge + path_from(child, t))}")
+                    continue
+                step(nxt, ref, child, edge, wanted)
+        del refs
+        frontier = nxt
+    return found
+
+
+def _tidy(path: str) -> str:
+    """obj.__dict__['x'] reads as obj.x."""
+    out, i = [], 0
+    key = ".__dict__['"
+    while True:
+        j = path.find(key, i)
+        if j < 0:
+            out.append(path[i:])
+            return "".join(out)
+        end = path.find("']", j)
+        out.append(path[i:j] + "." + path[j + len(key):end])
+        i = end + 2
+
+
+def _named(path: str) -> str:
+    """"['x'][0]" reads as "x[0]"."""
+    if path.startswith("['"):
+        end = path.find("']")
+        return path[2:end] + path[end + 2:]
+    return path
