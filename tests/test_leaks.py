@@ -1,0 +1,190 @@
+"""Leaks after teardown, on CPU tensors through pytester: what is a leak
+(and who holds it), what is not, and the policy."""
+
+import pytest
+
+from conftest import requires_torch
+
+pytestmark = requires_torch
+
+HEADER = """
+import pytest, torch
+KiB = 1024
+
+def cpu_bytes(n):
+    return torch.empty(n, dtype=torch.uint8)
+
+_CACHE = []
+_KEPT = {}
+"""
+
+
+def run(pytester, body, *args, subprocess=False):
+    pytester.makepyfile(test_inner=HEADER + body)
+    runner = pytester.runpytest_subprocess if subprocess else pytester.runpytest_inprocess
+    return runner("-v", "-p", "no:randomly", *args)
+
+
+def test_kept_tensors_are_leaks_with_their_holders_named(inner):
+    result = run(inner, """
+class Holder:
+    kept = None
+
+def make():
+    t = cpu_bytes(24 * KiB)
+    return lambda: t
+
+@pytest.mark.cpu_memory(max="1G")
+def test_global_list():
+    _CACHE.append(cpu_bytes(64 * KiB))
+
+@pytest.mark.cpu_memory(max="1G")
+def test_class_attribute():
+    Holder.kept = torch.zeros(32, 32)
+
+@pytest.mark.cpu_memory(max="1G")
+def test_closure():
+    _KEPT["f"] = make()
+
+@pytest.mark.cpu_memory(max="1G")
+def test_optimizer():
+    m = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    m(torch.ones(2, 16)).sum().backward()
+    opt.step()
+    _KEPT["opt"] = opt
+
+@pytest.mark.cpu_memory(max="1G")
+def test_loss_graph():
+    w = torch.ones(64, 64, requires_grad=True)
+    _KEPT["loss"] = (w.exp() * 2).sum()
+""")
+    result.assert_outcomes(passed=5, errors=5)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_global_list*",
+        "cpu leaked 64.0 KiB after teardown (allowed 0 B)",
+        "  1 tensor, 64.0 KiB",
+        "    allocated at test_inner.py:* cpu_bytes: return torch.empty(n, dtype=torch.uint8)",
+        "              <- test_inner.py:* test_global_list: _CACHE.append(cpu_bytes(64 * KiB))",
+        "    tensor (65536) uint8  64.0 KiB",
+        "      held by: module test_inner, global _CACHE[[]0[]]",
+        "  exactly 65536 B against 0 B allowed",
+        "*ERROR at teardown of test_class_attribute*",
+        "      held by: class test_inner.Holder, attribute kept",
+        "*ERROR at teardown of test_closure*",
+        "              <- test_inner.py:* make: t = cpu_bytes(24 * KiB)",
+        "              <- test_inner.py:* test_closure: _KEPT[[]\"f\"[]] = make()",
+        "      held by: closure of test_inner.make.<locals>.<lambda> (variable t)",
+        "*ERROR at teardown of test_optimizer*",
+        "      held by: module test_inner, global _KEPT[[]'opt'[]].state[[]<Parameter>[]][[]'momentum_buffer'[]]",
+        "*ERROR at teardown of test_loss_graph*",
+        "      held by: module test_inner, global _KEPT[[]'loss'[]]",
+        "      retains an autograd graph (grad_fn=SumBackward0)",
+        "    (bytes no Python tensor owns are held by autograd*",
+        "*5 tests failed by memlab (cpu leaks)*",
+    ])
+
+
+def test_what_is_not_a_leak(inner):
+    result = run(inner, """
+@pytest.fixture(scope="module")
+def module_tensor():
+    return cpu_bytes(100 * KiB)
+
+@pytest.fixture(scope="session")
+def session_tensor():
+    return cpu_bytes(50 * KiB)
+
+@pytest.fixture
+def function_tensor():
+    t = cpu_bytes(70 * KiB)
+    yield t
+
+@pytest.mark.cpu_memory(max="1G")
+def test_cycle_freed_by_gc():
+    a = [cpu_bytes(40 * KiB)]
+    a.append(a)
+
+@pytest.mark.cpu_memory(max="1G")
+def test_broader_fixtures(module_tensor, session_tensor):
+    assert module_tensor.numel() > 0
+
+@pytest.mark.cpu_memory(max="1G")
+def test_function_fixture(function_tensor):
+    assert function_tensor.numel() > 0
+
+@pytest.mark.cpu_memory(max="1G")
+def test_compiled_function():
+    f = torch.compile(lambda x: (x * 2).relu(), backend="eager")
+    f(torch.ones(8, 8))
+
+@pytest.mark.cpu_memory(max="1G")
+def test_fails_with_tensors_in_its_frame():
+    big = cpu_bytes(30 * KiB)
+    assert big.numel() == 0, "its own failure"
+""", subprocess=True)  # torch.compile: a fresh process
+    result.assert_outcomes(passed=4, failed=1)
+    assert "leaked" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*AssertionError: its own failure*"])
+
+
+def test_policy_allowance_and_off(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(leaks="100KiB")
+def test_within_allowance():
+    _CACHE.append(cpu_bytes(64 * KiB))
+
+@pytest.mark.cpu_memory(leaks=None)
+def test_check_off():
+    _CACHE.append(cpu_bytes(64 * KiB))
+
+def test_unmarked():
+    _CACHE.append(cpu_bytes(8 * KiB))
+""", "--memlab")
+    result.assert_outcomes(passed=3, warnings=1)
+    result.stdout.fnmatch_lines([
+        "*MemlabLeakWarning: cpu leaked 8.0 KiB after teardown (allowed 0 B)*",
+        "*1 test left tensors allocated after teardown (cpu leaks); see the warnings above*",
+    ])
+    failing = inner.runpytest_inprocess("-p", "no:randomly", "--memlab", "--memlab-leaks=fail",
+                                        "-k", "unmarked")
+    failing.assert_outcomes(passed=1, errors=1)
+    off = inner.runpytest_inprocess("-p", "no:randomly", "--memlab", "--memlab-leaks=off", "-k", "unmarked")
+    off.assert_outcomes(passed=1)
+    assert "leaked" not in off.stdout.str()
+
+
+def test_a_failing_test_keeps_its_failure_and_the_leak_is_told(inner):
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="1G")
+def test_fails_and_leaks():
+    _CACHE.append(cpu_bytes(16 * KiB))
+    assert False, "its own failure"
+""")
+    result.assert_outcomes(failed=1, warnings=1)
+    result.stdout.fnmatch_lines([
+        "*AssertionError: its own failure*",
+        "*MemlabLeakWarning: cpu leaked 16.0 KiB after teardown*",
+        "*(the test had failed already)*",
+    ])
+
+
+def test_bad_leak_policy_is_a_usage_error(inner):
+    inner.makepyfile(test_inner="def test_a(): pass")
+    result = inner.runpytest_inprocess("--memlab-leaks=sometimes")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*'sometimes' is not a leak policy (expected one of: fail, warn, off)*"])
+
+
+def test_leaks_under_xdist_fail_the_same_test(inner):
+    pytest.importorskip("xdist")
+    result = run(inner, """
+@pytest.mark.cpu_memory(max="1G")
+def test_leaks():
+    _CACHE.append(cpu_bytes(64 * KiB))
+
+def test_other():
+    pass
+""", "-n", "2")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR*test_leaks*", "*cpu leaked 64.0 KiB after teardown*"])
