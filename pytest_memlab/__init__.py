@@ -4,12 +4,14 @@ The pytest plugin lives in :mod:`pytest_memlab.plugin` and is loaded through
 the ``pytest11`` entry point ``memlab``.
 """
 
+from .courtesy import Courtesy
 from .lab import LineProfiler, clear_global_line_profiler, profile, profile_every, set_target_gpu
 from .measure import DeviceFigures, Measurement, MemoryBudgetExceeded
 from .sizes import SizeError, format_size, parse_size
+from .storage import MemReporter, StorageReport
 
 __all__ = [
-    "DeviceFigures", "LineProfiler", "Measurement", "MemoryBudgetExceeded", "SizeError",
+    "Courtesy", "DeviceFigures", "LineProfiler", "MemReporter", "Measurement", "StorageReport", "MemoryBudgetExceeded", "SizeError",
     "clear_global_line_profiler", "format_size", "load_ipython_extension", "parse_size",
     "profile", "profile_every", "set_target_gpu",
 ]

@@ -358,6 +358,19 @@ class Measurement:
         self.marks.append(mark)
         return mark
 
+    def tensors(self, device: str | None = None, verbose: bool = False):
+        """The storage report now (pytorch_memlab's MemReporter report, with
+        memory by kind), and the blocks this test allocated that no Python
+        tensor reaches (autograd's saved tensors, C++ caches), by site."""
+        from .storage import MemReporter, unreachable_blocks
+
+        def add_blocks(report):
+            for dev, meter in self.meters.items():
+                if isinstance(meter, EngineMeter) and (device is None or dev == device):
+                    unreachable_blocks(report, dev, meter.live_blocks())
+
+        return MemReporter().collect(device, engine_blocks=add_blocks)
+
     def limit(self, max, device: str | None = None) -> "Limit":
         """A budget on a region: ``with memlab.limit("1G"): ...`` raises
         MemoryBudgetExceeded at the end of the block if the region's own

@@ -283,3 +283,81 @@ def test_readme_line_profiler_example_on_cuda_and_user_stats_untouched(core):
     assert max(r.peak_reserved for r in rec.values()) >= 2 * MiB
     text = str(prof.display())
     assert "## outer" in text and "## inner" in text
+
+
+def test_cuda_leaks_and_what_is_not_one(inner):
+    inner.makepyfile(test_inner="""
+import pytest, torch
+_KEEP = []
+
+@pytest.mark.cuda_memory(max="1G")
+def test_kept_on_the_gpu():
+    _KEEP.append(torch.empty(2**20, dtype=torch.uint8, device="cuda"))
+
+@pytest.mark.cuda_memory(max="1G")
+def test_first_cublas_matmul():
+    a = torch.randn(256, 256, device="cuda")
+    (a @ a).sum().item()
+
+@pytest.mark.cuda_memory(max="1G")
+def test_cudnn_convolution():
+    torch.backends.cudnn.benchmark = True
+    try:
+        conv = torch.nn.Conv2d(3, 8, 3).cuda()
+        conv(torch.randn(2, 3, 32, 32, device="cuda")).sum().backward()
+    finally:
+        torch.backends.cudnn.benchmark = False
+
+@pytest.mark.cuda_memory(max="1G")
+def test_cuda_graph_capture():
+    x = torch.ones(1024, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * 2
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x * 2
+    g.replay()
+    torch.cuda.synchronize()
+
+@pytest.mark.cuda_memory(max="1G")
+def test_compiled_function():
+    f = torch.compile(lambda t: (t * 2).relu(), backend="eager")
+    f(torch.ones(64, device="cuda"))
+""")
+    result = inner.runpytest_subprocess("-v", "-p", "no:randomly")
+    result.assert_outcomes(passed=5, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_kept_on_the_gpu*",
+        "cuda:0 leaked 1.0 MiB after teardown (allowed 0 B)",
+        "*tensor (1048576) uint8  1.0 MiB",
+        "      held by: module test_inner, global _KEEP[[]0[]]",
+    ])
+
+
+def test_courtesy_yields_and_restores_the_same_objects():
+    import torch
+
+    from pytest_memlab import Courtesy, MemReporter
+
+    model = torch.nn.Linear(1024, 1024).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(64, 1024, device="cuda")).sum().backward()
+    opt.step()
+    weight = model.weight
+    before = torch.cuda.memory_allocated()
+    params_grads_state = 4 * (1024 * 1024 + 1024) * 4   # weights, grads, exp_avg, exp_avg_sq
+    with Courtesy():
+        assert weight.device.type == "cpu" and weight.grad.device.type == "cpu"
+        assert opt.state[weight]["exp_avg"].device.type == "cpu"
+        assert torch.cuda.memory_allocated() <= before - params_grads_state
+    assert model.weight is weight and weight.device.type == "cuda" and weight.grad.device.type == "cuda"
+    assert opt.state[weight]["exp_avg"].device.type == "cuda"
+    model(torch.randn(64, 1024, device="cuda")).sum().backward()
+    opt.step()   # the optimizer still works on the same Parameters
+    report = MemReporter(model).collect("cuda:0")
+    dev = report.devices["cuda:0"]
+    assert dev.allocated == torch.cuda.memory_allocated(0)
+    assert dev.by_kind["parameters"] >= (1024 * 1024 + 1024) * 4
