@@ -24,6 +24,13 @@ def has_cuda() -> bool:
 
 
 requires_torch = pytest.mark.skipif(not has_torch(), reason="needs torch")
+
+if has_torch():
+    # pytester's in-process runs put sys.modules back as they found it; a
+    # module torch imports lazily the first time inside one (dynamo, which
+    # optimizers and checkpoint reach) would be imported again by the next
+    # and register its operator library twice.  Imported once, here.
+    import torch._dynamo  # noqa: F401
 requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
 
 

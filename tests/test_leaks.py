@@ -138,13 +138,14 @@ def test_within_allowance():
 def test_check_off():
     _CACHE.append(cpu_bytes(64 * KiB))
 
-def test_unmarked():
-    _CACHE.append(cpu_bytes(8 * KiB))
+def test_unmarked():  # measured on the default device: CUDA where there is CUDA
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    _CACHE.append(torch.empty(8 * KiB, dtype=torch.uint8, device=dev))
 """, "--memlab")
     result.assert_outcomes(passed=3, warnings=1)
     result.stdout.fnmatch_lines([
-        "*MemlabLeakWarning: cpu leaked 8.0 KiB after teardown (allowed 0 B)*",
-        "*1 test left tensors allocated after teardown (cpu leaks); see the warnings above*",
+        "*MemlabLeakWarning: c*leaked 8.0 KiB after teardown (allowed 0 B)*",
+        "*1 test left tensors allocated after teardown (c* leaks); see the warnings above*",
     ])
     failing = inner.runpytest_inprocess("-p", "no:randomly", "--memlab", "--memlab-leaks=fail",
                                         "-k", "unmarked")
