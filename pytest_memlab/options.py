@@ -46,6 +46,16 @@ def leak_policy(value: str) -> str:
     return value
 
 
+def count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
+    return n
+
+
 def add_options(parser) -> None:
     group = parser.getgroup("memlab", "memory budgets and measurement (pytest-memlab)")
     group.addoption(
@@ -75,7 +85,13 @@ def add_options(parser) -> None:
              "teardown gets: a failure, a warning (default) or nothing; marked tests fail beyond their "
              "leaks= (default 0) (ini: memlab_leaks)",
     )
+    group.addoption(
+        "--memlab-leak-repeat", type=count, default=None, metavar="N",
+        help="run each measured test's call N more times inside its measurement and report the bytes "
+             "kept per repetition: a cache or list that grows every run is a leak (ini: memlab_leak_repeat)",
+    )
     parser.addini("memlab", type="bool", default=False, help="measure every test, marked or not")
+    parser.addini("memlab_leak_repeat", default="0", help="as --memlab-leak-repeat")
     parser.addini("memlab_leaks", default="warn", help="as --memlab-leaks")
     parser.addini("memlab_top", default="5", help="as --memlab-top")
     parser.addini("memlab_include", type="linelist", default=[], help="as --memlab-include")
@@ -96,6 +112,7 @@ class Options:
     top: int
     include: tuple[str, ...]
     leaks: str = "warn"
+    leak_repeat: int = 0
 
     @classmethod
     def from_config(cls, config) -> "Options":
@@ -116,8 +133,13 @@ class Options:
             leaks = leak_policy(str(_option(config, "memlab_leaks", "memlab_leaks")))
         except argparse.ArgumentTypeError as exc:
             raise pytest.UsageError(f"ini memlab_leaks: {exc}") from None
+        try:
+            leak_repeat = count(str(_option(config, "memlab_leak_repeat", "memlab_leak_repeat")))
+        except argparse.ArgumentTypeError as exc:
+            raise pytest.UsageError(f"ini memlab_leak_repeat: {exc}") from None
         return cls(
             leaks=leaks,
+            leak_repeat=leak_repeat,
             report=report,
             measure_all=bool(_option(config, "memlab", "memlab")) or bool(report),
             require_cuda=bool(_option(config, "memlab_require_cuda", "memlab_require_cuda")),

@@ -16,6 +16,7 @@ missing bridge is then an error of the test's setup, naming memlab).
 
 from __future__ import annotations
 
+import gc
 import warnings
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from .markers import MARKERS, MarkerError, MemorySpec, specs_for
 from .measure import Measurement, make_meter, unpark
 from .options import Options, add_options
 from .results import DeviceResult, TestResult, decode, encode
-from .text import budget_failure, leak_report, summary
+from .text import budget_failure, growth_report, leak_report, summary
 from .tracing import tracing
 from .verdict import exceeded, has_budget
 
@@ -65,6 +66,8 @@ class Running:
     leak_policy: dict = field(default_factory=dict)  # device -> "fail" or "warn"
     warned: list = field(default_factory=list)
     call_failed: bool = False
+    repeating: bool = False
+    growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
     error: str = ""                       # memlab's own trouble
 
 
@@ -191,10 +194,37 @@ class MemlabPlugin:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
         running = pyfuncitem.stash.get(RUNNING, None)
-        if running is None or running.measurement is None:
+        if running is None or running.measurement is None or running.repeating:
             return (yield)
         with running.measurement.window():
-            return (yield)
+            result = yield
+        if self.options.leak_repeat:
+            self._repeat(pyfuncitem, running)
+        return result
+
+    def _repeat(self, item, running: Running) -> None:
+        """--memlab-leak-repeat: the call again, N times, in the same
+        measurement; what each repetition keeps (after a collection) is
+        what grows per run."""
+        measurement = running.measurement
+        checked = [d for d in self._leak_allowances(running) if hasattr(measurement.meters.get(d), "own_live")]
+        if not checked:
+            return
+        gc.collect()
+        before = {d: measurement.meters[d].own_live() for d in checked}
+        running.growth = {d: [] for d in checked}
+        running.repeating = True
+        try:
+            for _ in range(self.options.leak_repeat):
+                with measurement.window():
+                    item.ihook.pytest_pyfunc_call(pyfuncitem=item)
+                gc.collect()
+                for d in checked:
+                    now = measurement.meters[d].own_live()
+                    running.growth[d].append(now - before[d])
+                    before[d] = now
+        finally:
+            running.repeating = False
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem):
@@ -292,6 +322,17 @@ class MemlabPlugin:
                 running.failed[e.key] = e
                 failures.append(budget_failure(e, figures, self.options.top))
         if final:
+            for device, kept in running.growth.items():
+                if not kept or min(kept) <= 0:
+                    continue   # grows every run, or it is not a growing leak
+                text = growth_report(device, kept)
+                key = f"{device} leak growth"
+                if running.leak_policy.get(device) == "fail" and not running.call_failed:
+                    running.failed[key] = kept
+                    failures.append(text)
+                else:
+                    running.warned.append(key)
+                    warnings.warn(MemlabLeakWarning(text), stacklevel=1)
             for device, leak in running.leaks.items():
                 text = leak_report(leak, self.options.top)
                 if running.leak_policy.get(device) == "fail" and not running.call_failed:

@@ -92,6 +92,15 @@ def leak_report(leak, top: int = 5) -> str:
     return "\n".join(lines)
 
 
+def growth_report(device: str, kept: list[int]) -> str:
+    """What each repetition of --memlab-leak-repeat kept."""
+    steps = ", ".join("+" + format_size(k) for k in kept)
+    return (f"{device} kept {format_size(sum(kept) // len(kept))} more after every repetition "
+            f"({_plural(len(kept), 'repetition')} of the test's call: {steps}): something the test "
+            f"reaches grows each run (a cache, a list, a fixture's state)\n"
+            f"  exactly {sum(kept)} B over {len(kept)} repetitions")
+
+
 def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 

@@ -189,3 +189,36 @@ def test_other():
 """, "-n", "2")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*ERROR*test_leaks*", "*cpu leaked 64.0 KiB after teardown*"])
+
+
+def test_leak_repeat_catches_a_cache_that_grows_every_run(inner):
+    result = run(inner, """
+@pytest.fixture(scope="module")
+def cache():
+    return []
+
+@pytest.mark.cpu_memory(leaks="1MiB")   # one run's entry is allowed
+def test_grows(cache):
+    cache.append(cpu_bytes(4 * KiB))
+
+@pytest.mark.cpu_memory(leaks="1MiB")
+def test_warms_once(cache):
+    if len(cache) < 100:
+        cache.extend(cpu_bytes(KiB) for _ in range(100 - len(cache)))
+""", "--memlab-leak-repeat=3")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_grows*",
+        "cpu kept 4.0 KiB more after every repetition (3 repetitions of the test's call: "
+        "+4.0 KiB, +4.0 KiB, +4.0 KiB)*",
+        "  exactly 12288 B over 3 repetitions",
+    ])
+    plain = inner.runpytest_inprocess("-p", "no:randomly")
+    plain.assert_outcomes(passed=2)   # each single run is within its allowance
+
+
+def test_bad_leak_repeat_is_a_usage_error(inner):
+    inner.makepyfile(test_inner="def test_a(): pass")
+    result = inner.runpytest_inprocess("--memlab-leak-repeat=-1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*'-1' must not be negative*"])
