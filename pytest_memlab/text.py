@@ -82,7 +82,8 @@ def leak_report(leak, top: int = 5) -> str:
             lines.append(f"    and {format_size(site.unowned)} that no Python tensor owns")
         if site.unowned:
             lines.append("    (bytes no Python tensor owns are held by autograd, such as a retained graph's "
-                         "saved tensors, or by C++)")
+                         "saved tensors, or by C++" + (", or were freed on a plain thread, where memlab "
+                                                       "does not hear CPU frees)" if leak.device == "cpu" else ")"))
     rest = leak.sites[top:]
     if rest:
         lines.append(f"  ... and {len(rest)} more sites, {format_size(sum(s.bytes for s in rest))}")

@@ -222,3 +222,24 @@ def test_bad_leak_repeat_is_a_usage_error(inner):
     result = inner.runpytest_inprocess("--memlab-leak-repeat=-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*'-1' must not be negative*"])
+
+
+def test_cpu_blind_spot_a_tensor_freed_on_a_plain_thread(inner):
+    """Documented: the bridge hears CPU frees only on threads where it is
+    installed, so a tensor freed by a plain thread stays in the ledger and
+    is reported, with that possibility named."""
+    result = run(inner, """
+import threading
+
+@pytest.mark.cpu_memory(max="1G")
+def test_freed_on_a_plain_thread():
+    box = [cpu_bytes(64 * KiB)]
+    t = threading.Thread(target=box.clear)
+    t.start(); t.join()
+""")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([
+        "cpu leaked 64.0 KiB after teardown (allowed 0 B)",
+        "  64.0 KiB in 1 block",
+        "*or were freed on a plain thread, where memlab does not hear CPU frees)",
+    ])
