@@ -25,54 +25,69 @@ def run(pytester, body, *args, subprocess=False):
     return runner("-v", "-p", "no:randomly", *args)
 
 
-def test_kept_tensors_are_leaks_with_their_holders_named(inner):
-    result = run(inner, """
+KEPT = """
+DEV = "%(dev)s"
+
+def dev_bytes(n):
+    return torch.empty(n, dtype=torch.uint8, device=DEV)
+
 class Holder:
     kept = None
 
 def make():
-    t = cpu_bytes(24 * KiB)
+    t = dev_bytes(24 * KiB)
     return lambda: t
 
-@pytest.mark.cpu_memory(max="1G")
+%(mark)s
 def test_global_list():
-    _CACHE.append(cpu_bytes(64 * KiB))
+    _CACHE.append(dev_bytes(64 * KiB))
 
-@pytest.mark.cpu_memory(max="1G")
+%(mark)s
 def test_class_attribute():
-    Holder.kept = torch.zeros(32, 32)
+    Holder.kept = torch.zeros(32, 32, device=DEV)
 
-@pytest.mark.cpu_memory(max="1G")
+%(mark)s
 def test_closure():
     _KEPT["f"] = make()
 
-@pytest.mark.cpu_memory(max="1G")
+%(mark)s
 def test_optimizer():
-    m = torch.nn.Linear(16, 16)
+    m = torch.nn.Linear(16, 16).to(DEV)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    m(torch.ones(2, 16)).sum().backward()
+    m(torch.ones(2, 16, device=DEV)).sum().backward()
     opt.step()
     _KEPT["opt"] = opt
 
-@pytest.mark.cpu_memory(max="1G")
+%(mark)s
 def test_loss_graph():
-    w = torch.ones(64, 64, requires_grad=True)
+    w = torch.ones(64, 64, requires_grad=True, device=DEV)
     _KEPT["loss"] = (w.exp() * 2).sum()
-""")
+"""
+
+
+@pytest.mark.parametrize("dev", ["cpu", "cuda"])
+def test_kept_tensors_are_leaks_with_their_holders_named(inner, dev):
+    import torch
+
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    mark = '@pytest.mark.cpu_memory(max="1G")' if dev == "cpu" else '@pytest.mark.cuda_memory(max="1G")'
+    name = "cpu" if dev == "cpu" else "cuda:0"
+    result = run(inner, KEPT % {"dev": dev, "mark": mark}, subprocess=dev == "cuda")
     result.assert_outcomes(passed=5, errors=5)
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_global_list*",
-        "cpu leaked 64.0 KiB after teardown (allowed 0 B)",
+        f"{name} leaked 64.0 KiB after teardown (allowed 0 B)",
         "  1 tensor, 64.0 KiB",
-        "    allocated at test_inner.py:* cpu_bytes: return torch.empty(n, dtype=torch.uint8)",
-        "              <- test_inner.py:* test_global_list: _CACHE.append(cpu_bytes(64 * KiB))",
+        "    allocated at test_inner.py:* dev_bytes: return torch.empty(n, dtype=torch.uint8, device=DEV)",
+        "              <- test_inner.py:* test_global_list: _CACHE.append(dev_bytes(64 * KiB))",
         "    tensor (65536) uint8  64.0 KiB",
         "      held by: module test_inner, global _CACHE[[]0[]]",
         "  exactly 65536 B against 0 B allowed",
         "*ERROR at teardown of test_class_attribute*",
         "      held by: class test_inner.Holder, attribute kept",
         "*ERROR at teardown of test_closure*",
-        "              <- test_inner.py:* make: t = cpu_bytes(24 * KiB)",
+        "              <- test_inner.py:* make: t = dev_bytes(24 * KiB)",
         "              <- test_inner.py:* test_closure: _KEPT[[]\"f\"[]] = make()",
         "      held by: closure of test_inner.make.<locals>.<lambda> (variable t)",
         "*ERROR at teardown of test_optimizer*",
@@ -81,7 +96,7 @@ def test_loss_graph():
         "      held by: module test_inner, global _KEPT[[]'loss'[]]",
         "      retains an autograd graph (grad_fn=SumBackward0)",
         "    (bytes no Python tensor owns are held by autograd*",
-        "*5 tests failed by memlab (cpu leaks)*",
+        f"*5 tests failed by memlab ({name} leaks)*",
     ])
 
 
