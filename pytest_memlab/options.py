@@ -4,7 +4,12 @@ parse time (a bad value is a usage error that names it)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .baseline import DEFAULT_TOLERANCE
+from .sizes import SizeError, Tolerance, parse_tolerance
 
 REPORT_KINDS = ("term",)
 
@@ -56,6 +61,21 @@ def count(value: str) -> int:
     return n
 
 
+def tolerance(value: str) -> Tolerance:
+    try:
+        return parse_tolerance(value)
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def env_name(value: str) -> str:
+    value = value.strip()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an environment name (letters, digits, '.', '_' and '-', such as 'cuda-h100')")
+    return value
+
+
 def add_options(parser) -> None:
     group = parser.getgroup("memlab", "memory budgets and measurement (pytest-memlab)")
     group.addoption(
@@ -90,6 +110,48 @@ def add_options(parser) -> None:
         help="run each measured test's call N more times inside its measurement and report the bytes "
              "kept per repetition: a cache or list that grows every run is a leak (ini: memlab_leak_repeat)",
     )
+    group.addoption(
+        "--memlab-baseline", default=None, metavar="PATH",
+        help="compare each measured test's own peak with the baseline file PATH; a regression beyond the "
+             "tolerance fails that test; implies --memlab (ini: memlab_baseline)",
+    )
+    group.addoption(
+        "--memlab-update-baseline", action="store_true", default=None,
+        help="write the baseline file from this run instead of comparing: tests not run keep their "
+             "entries (ini: memlab_update_baseline)",
+    )
+    group.addoption(
+        "--memlab-prune-baseline", action="store_true", default=None,
+        help="with --memlab-update-baseline, drop the entries of tests that no longer exist "
+             "(ini: memlab_prune_baseline)",
+    )
+    group.addoption(
+        "--memlab-tolerance", type=tolerance, default=None, metavar="SPEC",
+        help=f"allowed growth over the baseline: '5%%', '16MiB' or '5%%,1MiB' (the larger of the two); "
+             f"default {DEFAULT_TOLERANCE}; a marker's tolerance= wins (ini: memlab_tolerance)",
+    )
+    group.addoption(
+        "--memlab-fail-on-improvement", action="store_true", default=None,
+        help="a test whose own peak shrank beyond the tolerance fails, so that the baseline stays tight "
+             "(ini: memlab_fail_on_improvement)",
+    )
+    group.addoption(
+        "--memlab-baseline-env", type=env_name, default=None, metavar="NAME",
+        help="the baseline environment this run compares with and writes (one file can hold several "
+             "lanes); default 'cuda' where CUDA is available, else 'cpu' (ini: memlab_baseline_env)",
+    )
+    group.addoption(
+        "--memlab-gpus-per-worker", nargs="?", const=1, type=positive_int, default=None, metavar="N",
+        help="under pytest-xdist, give each worker its own N GPUs (default 1) through CUDA_VISIBLE_DEVICES, "
+             "set before CUDA starts; write --memlab-gpus-per-worker=N (ini: memlab_gpus_per_worker)",
+    )
+    parser.addini("memlab_baseline", default="", help="as --memlab-baseline (relative to the rootdir)")
+    parser.addini("memlab_update_baseline", type="bool", default=False, help="as --memlab-update-baseline")
+    parser.addini("memlab_prune_baseline", type="bool", default=False, help="as --memlab-prune-baseline")
+    parser.addini("memlab_tolerance", default=DEFAULT_TOLERANCE, help="as --memlab-tolerance")
+    parser.addini("memlab_fail_on_improvement", type="bool", default=False, help="as --memlab-fail-on-improvement")
+    parser.addini("memlab_baseline_env", default="", help="as --memlab-baseline-env")
+    parser.addini("memlab_gpus_per_worker", default="", help="as --memlab-gpus-per-worker (a number)")
     parser.addini("memlab", type="bool", default=False, help="measure every test, marked or not")
     parser.addini("memlab_leak_repeat", default="0", help="as --memlab-leak-repeat")
     parser.addini("memlab_leaks", default="warn", help="as --memlab-leaks")
@@ -113,6 +175,13 @@ class Options:
     include: tuple[str, ...]
     leaks: str = "warn"
     leak_repeat: int = 0
+    baseline: Path | None = None
+    update_baseline: bool = False
+    prune_baseline: bool = False
+    tolerance: Tolerance = field(default_factory=lambda: parse_tolerance(DEFAULT_TOLERANCE))
+    fail_on_improvement: bool = False
+    baseline_env: str | None = None
+    gpus_per_worker: int | None = None
 
     @classmethod
     def from_config(cls, config) -> "Options":
@@ -137,11 +206,49 @@ class Options:
             leak_repeat = count(str(_option(config, "memlab_leak_repeat", "memlab_leak_repeat")))
         except argparse.ArgumentTypeError as exc:
             raise pytest.UsageError(f"ini memlab_leak_repeat: {exc}") from None
+        baseline = config.getoption("memlab_baseline")
+        if baseline is not None:
+            baseline = Path(baseline)   # as the shell gave it: relative to the working folder
+        elif config.getini("memlab_baseline").strip():
+            baseline = config.rootpath / config.getini("memlab_baseline").strip()
+        update = bool(_option(config, "memlab_update_baseline", "memlab_update_baseline"))
+        prune = bool(_option(config, "memlab_prune_baseline", "memlab_prune_baseline"))
+        if (update or prune) and baseline is None:
+            flag = "--memlab-update-baseline" if update else "--memlab-prune-baseline"
+            raise pytest.UsageError(f"{flag} needs the file to write: add --memlab-baseline=PATH")
+        if prune and not update:
+            raise pytest.UsageError("--memlab-prune-baseline drops entries while it writes the baseline: "
+                                    "add --memlab-update-baseline")
+        tol = _option(config, "memlab_tolerance", "memlab_tolerance")
+        if isinstance(tol, str):
+            try:
+                tol = tolerance(tol)
+            except argparse.ArgumentTypeError as exc:
+                raise pytest.UsageError(f"ini memlab_tolerance: {exc}") from None
+        env = config.getoption("memlab_baseline_env")
+        if env is None and config.getini("memlab_baseline_env").strip():
+            try:
+                env = env_name(config.getini("memlab_baseline_env"))
+            except argparse.ArgumentTypeError as exc:
+                raise pytest.UsageError(f"ini memlab_baseline_env: {exc}") from None
+        gpus = config.getoption("memlab_gpus_per_worker")
+        if gpus is None and config.getini("memlab_gpus_per_worker").strip():
+            try:
+                gpus = positive_int(config.getini("memlab_gpus_per_worker").strip())
+            except argparse.ArgumentTypeError as exc:
+                raise pytest.UsageError(f"ini memlab_gpus_per_worker: {exc}") from None
         return cls(
+            baseline=baseline,
+            update_baseline=update,
+            prune_baseline=prune,
+            tolerance=tol,
+            fail_on_improvement=bool(_option(config, "memlab_fail_on_improvement", "memlab_fail_on_improvement")),
+            baseline_env=env,
+            gpus_per_worker=gpus,
             leaks=leaks,
             leak_repeat=leak_repeat,
             report=report,
-            measure_all=bool(_option(config, "memlab", "memlab")) or bool(report),
+            measure_all=bool(_option(config, "memlab", "memlab")) or bool(report) or baseline is not None,
             require_cuda=bool(_option(config, "memlab_require_cuda", "memlab_require_cuda")),
             top=top,
             include=tuple(config.getoption("memlab_include") or config.getini("memlab_include")),

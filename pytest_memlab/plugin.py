@@ -17,18 +17,22 @@ missing bridge is then an error of the test's setup, naming memlab).
 from __future__ import annotations
 
 import gc
+import json
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 
 import pytest
 
 from ._core import BRIDGE
-from .devices import default_device
+from .baseline import Baseline, BaselineError, compare, environment_differences, environment_info, stale_entries, update
+from .devices import cuda_available, default_device
 from .markers import MARKERS, MarkerError, MemorySpec, specs_for
 from .measure import Measurement, make_meter, unpark
 from .options import Options, add_options
 from .results import DeviceResult, TestResult, decode, encode
-from .text import budget_failure, growth_report, leak_report, summary
+from .text import baseline_failure, baseline_summary, budget_failure, growth_report, leak_report, summary
 from .tracing import tracing
 from .verdict import exceeded, has_budget
 
@@ -46,10 +50,54 @@ def pytest_addoption(parser):
     add_options(parser)
 
 
+# --memlab-gpus-per-worker: the controller lists the GPUs in this variable
+# before xdist starts its workers, which inherit it; each worker picks its
+# own and sets CUDA_VISIBLE_DEVICES before any conftest can start CUDA.
+GPUS_VARIABLE = "PYTEST_MEMLAB_WORKER_GPUS"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    plan = os.environ.get(GPUS_VARIABLE)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not plan or not worker.startswith("gw"):
+        return
+    try:
+        plan = json.loads(plan)
+        gpus, per, index = plan["gpus"], int(plan["per"]), int(worker[2:])
+    except (ValueError, KeyError, TypeError):
+        return
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[(index * per + k) % len(gpus)] for k in range(per))
+
+
 def pytest_configure(config):
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
     config.pluginmanager.register(MemlabPlugin(config), "memlab-manager")
+
+
+def _gpu_plan(config, per: int) -> str:
+    """Under pytest-xdist, on the controller: the GPUs the workers share
+    out (the controller runs no test, so asking torch here changes no
+    test's process).  Returns a note for the summary."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") \
+            or not config.getoption("numprocesses", None):
+        return "--memlab-gpus-per-worker works under pytest-xdist (-n N) only; this run has no workers"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [g.strip() for g in visible.split(",") if g.strip()]
+    else:
+        try:
+            import torch
+
+            gpus = [str(i) for i in range(torch.cuda.device_count())]
+        except Exception:
+            gpus = []
+    if not gpus:
+        return "--memlab-gpus-per-worker: no GPUs to share out; the workers run as they are"
+    os.environ[GPUS_VARIABLE] = json.dumps({"gpus": gpus, "per": per})
+    return ""
 
 
 @dataclass
@@ -57,6 +105,7 @@ class Running:
     """One run of one test's protocol, while memlab measures it."""
 
     specs: list
+    nodeid: str = ""
     measurement: Measurement | None = None
     devices: list = field(default_factory=list)   # (spec, concrete device)
     fixtures: int = 0                     # fixtures set up while measuring
@@ -66,6 +115,9 @@ class Running:
     leak_policy: dict = field(default_factory=dict)  # device -> "fail" or "warn"
     warned: list = field(default_factory=list)
     call_failed: bool = False
+    user_failed: bool = False            # setup, call or teardown failed by the test's own doing
+    names: dict = field(default_factory=dict)     # concrete device -> name as asked ("cuda", "cpu")
+    changes: dict = field(default_factory=dict)   # device -> baseline.Change
     repeating: bool = False
     growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
     error: str = ""                       # memlab's own trouble
@@ -85,6 +137,37 @@ class MemlabPlugin:
         self._made: dict[str, TestResult] = {}
         self.backend = ""
         self._worker = hasattr(config, "workerinput")
+        self.notes: list[str] = []
+        if self.options.gpus_per_worker:
+            note = _gpu_plan(config, self.options.gpus_per_worker)
+            if note:
+                self.notes.append(note)
+        self.baseline: Baseline | None = self._load_baseline()
+        self.env: str | None = self.options.baseline_env
+        self.collected: set[str] = set()
+        self.workers: dict[str, dict] = {}    # xdist worker id -> what it sent at its end
+        self.baseline_lines: list[tuple[str, bool]] = []
+        self.write_failed = False
+
+    def _load_baseline(self) -> Baseline | None:
+        path = self.options.baseline
+        if path is None:
+            return None
+        try:
+            return Baseline.load(path)
+        except FileNotFoundError:
+            if self.options.update_baseline:
+                return Baseline(path)
+            raise pytest.UsageError(
+                f"pytest-memlab: the baseline {path} does not exist. Write it first from a run whose "
+                f"figures are right: pytest --memlab-baseline={path} --memlab-update-baseline") from None
+        except BaselineError as exc:
+            raise pytest.UsageError(f"pytest-memlab: {exc}") from None
+
+    def _env_name(self, core) -> str:
+        if self.env is None:
+            self.env = "cuda" if cuda_available(core) else "cpu"
+        return self.env
 
     # -- collection -----------------------------------------------------------
     @pytest.hookimpl(hookwrapper=True)
@@ -148,7 +231,7 @@ class MemlabPlugin:
         that MEMLAB_CORE required is missing."""
         from ._core import MemlabCoreError, core
 
-        running = item.stash[RUNNING] = Running(specs)
+        running = item.stash[RUNNING] = Running(specs, nodeid=item.nodeid)
         try:
             c = core()
             if not self.backend:
@@ -156,6 +239,9 @@ class MemlabPlugin:
             requested = [self._requested(c, spec) for spec in specs]
             measurement = Measurement(c, list(dict.fromkeys(requested)), park=True)
             running.devices = [(spec, measurement.resolved[r]) for spec, r in zip(specs, requested)]
+            running.names = {measurement.resolved[r]: r for r in requested}
+            if self.baseline is not None:
+                self._env_name(c)
             measurement.begin()
         except MemlabCoreError as exc:  # MEMLAB_CORE=bridge asked for this
             running.error = str(exc)
@@ -280,6 +366,8 @@ class MemlabPlugin:
     def pytest_runtest_makereport(self, item, call):
         report = yield
         running = item.stash.get(RUNNING, None)
+        if running is not None and report.failed:
+            running.user_failed = True   # memlab has not judged yet: this failure is the test's
         if running is None or call.when == "setup":
             return report
         if call.when == "call" and (report.failed or call.excinfo is not None):
@@ -321,6 +409,7 @@ class MemlabPlugin:
             for e in new:
                 running.failed[e.key] = e
                 failures.append(budget_failure(e, figures, self.options.top))
+        failures += self._compare(running, final)
         if final:
             for device, kept in running.growth.items():
                 if not kept or min(kept) <= 0:
@@ -358,13 +447,47 @@ class MemlabPlugin:
         else:
             report.sections.append(("memlab", text))
 
+    def _compare(self, running: Running, final: bool) -> list[str]:
+        """The own peak against the baseline: a regression fails the test
+        (at the call, or at teardown when teardown grew it); an
+        improvement beyond the tolerance fails it at teardown only with
+        --memlab-fail-on-improvement.  Nothing fails while updating."""
+        if self.baseline is None:
+            return []
+        measurement, failures = running.measurement, []
+        for spec, device in running.devices:
+            if device in measurement.unmeasured:
+                continue
+            entry = self.baseline.entry(self.env, running.nodeid, running.names.get(device, device))
+            if entry is None or entry.get("peak") is None:
+                continue
+            figures = running.figures[device] if final else measurement.figures(device)
+            if not figures.measured or figures.peak is None:
+                continue
+            change = running.changes[device] = compare(
+                device, entry["peak"], figures.peak, spec.tolerance or self.options.tolerance, self.options.baseline)
+            if self.options.update_baseline or change.key in running.failed:
+                continue
+            if change.kind == "regressed" or (final and change.kind == "improved" and self.options.fail_on_improvement):
+                if not final:
+                    figures = measurement.figures(device, sites=True)  # where the peak came from
+                running.failed[change.key] = change
+                failures.append(baseline_failure(change, figures, self.options.top))
+        return failures
+
     def _result(self, nodeid: str, running: Running) -> TestResult:
         result = TestResult(nodeid, failed=sorted(running.failed), warned=sorted(running.warned),
-                            error=running.error)
+                            error=running.error, user_failed=running.user_failed)
         for spec, device in running.devices if running.measurement is not None else ():
             figures = (running.figures or {}).get(device)
             if figures is not None:
-                result.devices[device] = DeviceResult.from_figures(figures, spec, self.options.top)
+                d = result.devices[device] = DeviceResult.from_figures(figures, spec, self.options.top)
+                d.name = running.names.get(device, device)
+                change = running.changes.get(device)
+                if change is not None:
+                    d.baseline_peak, d.baseline = change.old, change.kind
+                elif self.baseline is not None and figures.measured:
+                    d.baseline = "new"
         return result
 
     # -- reporting ------------------------------------------------------------
@@ -383,16 +506,99 @@ class MemlabPlugin:
         result.outcome = "error" if report.failed and outcome == "passed" else outcome
         self.results[report.nodeid] = result
 
+    def pytest_itemcollected(self, item):
+        self.collected.add(item.nodeid)   # before deselection: a deselected test still exists
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        """pytest-xdist, on the controller: what a worker sent at its end."""
+        output = getattr(node, "workeroutput", None) or {}
+        sent = output.get("memlab")
+        if isinstance(sent, dict):
+            self.workers[str(node.gateway.id)] = sent
+            self.collected.update(sent.get("collected", ()))
+            if self.env is None and sent.get("env"):
+                self.env = sent["env"]
+
+    def _environment(self) -> dict:
+        torch = sys.modules.get("torch")
+        return environment_info(torch)
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if self._worker:
+            # the controller writes the one baseline and the one report
+            self.config.workeroutput["memlab"] = {
+                "collected": sorted(self.collected), "env": self.env,
+                "info": self._environment() if self.env else {},
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") if self.options.gpus_per_worker else None,
+            }
+            return
+        if self.baseline is None:
+            return
+        try:
+            self._finish_baseline(session)
+        except Exception as exc:   # never lose the session; say it loudly
+            self.write_failed = True
+            self.baseline_lines.append((f"pytest-memlab: the baseline {self.options.baseline} was not "
+                                        f"written: {type(exc).__name__}: {exc}", True))
+        if self.write_failed and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _finish_baseline(self, session) -> None:
+        workers = list(self.workers.values())
+        info = next((w["info"] for w in workers if w.get("info")), None) if workers else None
+        if info is None and self.env is not None:
+            info = self._environment()
+        env = self.env or self.options.baseline_env
+        if env is None:   # nothing was measured
+            self.baseline_lines.append((f"baseline {self.options.baseline}: no test was measured, "
+                                        "nothing compared or written", False))
+            return
+        old = self.baseline.environments.get(env)
+        differences = environment_differences(old.info, info or {}) if old is not None else []
+        stale = stale_entries(self.baseline, env, self.collected, self.config.rootpath)
+        if self.options.update_baseline:
+            written, skipped = {}, []
+            for nodeid, result in self.results.items():
+                devices = {d.name or d.device: d.baseline_entry() for d in result.devices.values() if d.measured}
+                if not devices:
+                    continue
+                if result.usable:
+                    written[nodeid] = devices
+                else:
+                    skipped.append(nodeid)
+            try:
+                _, changes = update(self.options.baseline, env, info or {}, written,
+                                    set(stale) if self.options.prune_baseline else None)
+            except BaselineError as exc:
+                self.write_failed = True
+                self.baseline_lines.append((f"pytest-memlab: {exc}", True))
+                return
+            self.baseline_lines += baseline_summary(
+                self.options.baseline, env, self.results, differences, stale, written=written, skipped=skipped,
+                changes=changes)
+        else:
+            self.baseline_lines += baseline_summary(self.options.baseline, env, self.results, differences, stale)
+
     def pytest_unconfigure(self, config):
         unpark()
 
     def pytest_terminal_summary(self, terminalreporter):
-        if not self.results:
+        if not self.results and not self.baseline_lines and not self.notes:
             return
         terminalreporter.section("memlab")
         table = bool(self.options.report and "term" in self.options.report)
-        for line, bold in summary(self.results, self.backend, self.trace_notes, table):
-            terminalreporter.write_line(line, bold=bold)
+        if self.results:
+            for line, bold in summary(self.results, self.backend, self.trace_notes, table):
+                terminalreporter.write_line(line, bold=bold)
+        for line in self.notes:
+            terminalreporter.write_line(line)
+        gpus = {w: sent.get("gpus") for w, sent in sorted(self.workers.items()) if sent.get("gpus") is not None}
+        if gpus:
+            terminalreporter.write_line("GPUs per worker (CUDA_VISIBLE_DEVICES): " +
+                                        ", ".join(f"{w} -> {g}" for w, g in gpus.items()))
+        for line, bold in self.baseline_lines:
+            terminalreporter.write_line(line, bold=bold, red=bold)
 
 
 @pytest.fixture

@@ -7,7 +7,12 @@ the reports.  Names: ``memlab.DEVICE.KEY`` (``memlab.cuda:0.peak``) for
 figures and budgets, ``memlab.DEVICE.top`` (JSON) for the heaviest lines,
 ``memlab.failed`` (JSON list) for what memlab itself failed the test for,
 ``memlab.warned`` (JSON list) for what it warned of (leaks under ``warn``),
-``memlab.error`` for trouble in memlab's own machinery.
+``memlab.error`` for trouble in memlab's own machinery,
+``memlab.user_failed`` when the test failed by its own doing (its figures
+then do not go into a baseline), ``memlab.DEVICE.name`` for the device as
+the test asked for it (the baseline's key: ``cuda`` for the current CUDA
+device), ``memlab.DEVICE.baseline`` for the comparison's outcome
+(``regressed``, ``improved``, ``same``, ``new``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import json
 from dataclasses import dataclass, field
 
 PREFIX = "memlab."
-_INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved")
+_INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak")
+_STR_KEYS = ("reason", "name", "baseline")
 
 
 @dataclass
@@ -34,6 +40,14 @@ class DeviceResult:
     max_total: int | None = None
     max_reserved: int | None = None
     top: list = field(default_factory=list)  # heaviest lines: {file, line, function, bytes, peak_total}
+    name: str = ""                   # as the test asked for it: the baseline's key
+    baseline_peak: int | None = None
+    baseline: str = ""               # "regressed", "improved", "same", "new" or "" (no baseline)
+
+    def baseline_entry(self) -> dict:
+        """The figures a baseline file keeps for this device."""
+        return {"peak": self.peak, "peak_total": self.peak_total,
+                "reserved_peak": self.reserved_peak, "leaked": self.leaked}
 
     @classmethod
     def from_figures(cls, figures, spec=None, top: int = 5) -> "DeviceResult":
@@ -63,6 +77,13 @@ class TestResult:
     failed: list[str] = field(default_factory=list)   # what memlab failed it for ("cpu max")
     warned: list[str] = field(default_factory=list)   # what memlab warned of ("cpu leaks")
     error: str = ""                                    # memlab's own trouble
+    user_failed: bool = False                          # failed by its own doing, not by memlab
+
+    @property
+    def usable(self) -> bool:
+        """Whether its figures may go into a baseline: the test ran and
+        passed, or only memlab failed it (a budget, a leak, the baseline)."""
+        return not self.user_failed and not self.error and self.outcome in ("passed", "failed", "error")
 
 
 def encode(result: TestResult) -> list[tuple[str, object]]:
@@ -71,6 +92,9 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
         p = f"{PREFIX}{device}."
         if not d.measured:
             props += [(p + "measured", "false"), (p + "reason", d.reason)]
+        for key in ("name", "baseline"):
+            if getattr(d, key):
+                props.append((p + key, getattr(d, key)))
         for key in _INT_KEYS:
             value = getattr(d, key)
             if value is not None:
@@ -83,6 +107,8 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
         props.append((PREFIX + "warned", json.dumps(result.warned)))
     if result.error:
         props.append((PREFIX + "error", result.error))
+    if result.user_failed:
+        props.append((PREFIX + "user_failed", "true"))
     return props
 
 
@@ -101,14 +127,17 @@ def decode(nodeid: str, props) -> TestResult | None:
         if rest == "error":
             result.error = str(value)
             continue
+        if rest == "user_failed":
+            result.user_failed = str(value) == "true"
+            continue
         device, _, key = rest.rpartition(".")
         dev = result.devices.setdefault(device, DeviceResult(device))
         if key == "top":
             dev.top = json.loads(value)
         elif key == "measured":
             dev.measured = str(value) != "false"
-        elif key == "reason":
-            dev.reason = str(value)
+        elif key in _STR_KEYS:
+            setattr(dev, key, str(value))
         elif key in _INT_KEYS:
             setattr(dev, key, int(value))
     return result

@@ -157,3 +157,85 @@ def summary(results: dict, backend: str, notes: set[str], table: bool) -> list[t
         line = "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
         out.append((line.rstrip(), n == 0))
     return out
+
+
+def _change_words(c) -> str:
+    verb = "grew" if c.new > c.old else "shrank"
+    pct = f"{100 * (c.new - c.old) / c.old:+.1f}%" if c.old else f"{format_size(c.new - c.old)} over 0 B"
+    return f"peak {verb} from {format_size(c.old)} to {format_size(c.new)} ({pct})"
+
+
+def baseline_failure(change, figures, top: int = 5) -> str:
+    """A regression (or, with --memlab-fail-on-improvement, an improvement)
+    against the baseline: old and new figure, the change, the tolerance
+    and the file; for a regression, where the peak came from."""
+    c = change
+    if c.kind == "regressed":
+        lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
+        if figures.attribution is not None and figures.peak:
+            lines += describe_attribution(figures.attribution, figures.peak, top)
+        lines.append(f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "
+                     f"{c.allowed} B more")
+    else:
+        lines = [f"{c.device} {_change_words(c)}, beyond the tolerance {c.tolerance} (baseline {c.path})",
+                 "  the baseline is no longer tight (--memlab-fail-on-improvement): write it again with "
+                 "--memlab-update-baseline",
+                 f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "
+                 f"{c.allowed} B less"]
+    return "\n".join(lines)
+
+
+def _listing(label: str, names: list[str], limit: int = 10) -> list[tuple[str, bool]]:
+    if not names:
+        return []
+    out = [(f"  {label}:", False)]
+    out += [(f"    {n}", False) for n in names[:limit]]
+    if len(names) > limit:
+        out.append((f"    ... and {len(names) - limit} more", False))
+    return out
+
+
+def baseline_summary(path, env: str, results: dict, differences: list[str], stale: list[str],
+                     written: dict | None = None, skipped: list[str] | None = None,
+                     changes: dict | None = None) -> list[tuple[str, bool]]:
+    """What the comparison with (or the update of) the baseline found:
+    counts first, then the new tests, the improvements and the stale
+    entries by name."""
+    out: list[tuple[str, bool]] = []
+    devices = [(r.nodeid, d) for r in results.values() for d in r.devices.values() if d.measured]
+    if differences:
+        out.append((f"baseline {path} [{env}] was measured elsewhere: {'; '.join(differences)} "
+                    "(the comparisons ran all the same)", False))
+    if written is not None:
+        changes = changes or {}
+        parts = [f"{_plural(len(written), 'test')} written ({len(changes.get('new', []))} new, "
+                 f"{len(changes.get('changed', []))} changed)"]
+        if changes.get("pruned"):
+            parts.append(f"{_plural(len(changes['pruned']), 'stale entry', 'stale entries')} pruned")
+        out.append((f"baseline {path} [{env}] updated: {', '.join(parts)}", False))
+        out += _listing("not written, because they failed by their own doing or did not run", sorted(skipped or []))
+        out += _listing("pruned", changes.get("pruned", []))
+        if stale and not changes.get("pruned"):
+            out.append((f"  {_plural(len(stale), 'stale entry', 'stale entries')} kept "
+                        "(--memlab-prune-baseline drops them)", False))
+            out += _listing("stale", stale)
+        return out
+    by = {}
+    for nodeid, d in devices:
+        by.setdefault(d.baseline or "same", []).append((nodeid, d))
+    compared = len(devices) - len(by.get("new", []))
+    line = f"baseline {path} [{env}]: {compared} compared"
+    for kind, words in (("regressed", "regressed"), ("improved", "improved beyond the tolerance"),
+                        ("new", "new (not in the baseline)")):
+        if by.get(kind):
+            line += f", {len(by[kind])} {words}"
+    if stale:
+        line += f", {_plural(len(stale), 'stale entry', 'stale entries')}"
+    out.append((line, bool(by.get("regressed"))))
+    out += _listing("improved (write the baseline again to keep it tight)",
+                    [f"{n} [{d.device}] {format_size(d.baseline_peak)} -> {format_size(d.peak)}"
+                     for n, d in by.get("improved", [])])
+    out += _listing("new, listed not failed (--memlab-update-baseline adds them)",
+                    sorted({n for n, _ in by.get("new", [])}))
+    out += _listing("stale, tests the baseline has that no longer exist (--memlab-prune-baseline drops them)", stale)
+    return out
