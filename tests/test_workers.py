@@ -1,0 +1,177 @@
+"""Spreading a suite: one GPU per pytest-xdist worker, and tests on a
+second GPU (cuda:1 markers, set_target_gpu(1)).  The pinning itself is
+checked on any machine (it only sets CUDA_VISIBLE_DEVICES); the rest needs
+two GPUs (ci/gpu on nvidia-h200-x2)."""
+
+import json
+import os
+
+import pytest
+
+from conftest import requires_torch
+
+pytestmark = requires_torch
+
+
+def cuda_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+requires_two_gpus = pytest.mark.skipif(cuda_count() < 2, reason="needs two CUDA devices")
+
+RECORD = """
+import json, os
+import pytest
+
+@pytest.mark.parametrize("n", range(%(tests)d))
+def test_where(n, worker_id):
+    with open(f"seen-{worker_id}-{n}.json", "w") as f:
+        json.dump(os.environ.get("CUDA_VISIBLE_DEVICES"), f)
+"""
+
+
+def seen(path) -> dict[str, set]:
+    out: dict[str, set] = {}
+    for f in path.glob("seen-*.json"):
+        worker = f.name.split("-")[1]
+        out.setdefault(worker, set()).add(json.loads(f.read_text()))
+    return out
+
+
+@pytest.mark.parametrize("visible, workers, per, expected", [
+    ("3,5", 2, 1, {"gw0": {"3"}, "gw1": {"5"}}),
+    ("3,5", 3, 1, {"gw0": {"3"}, "gw1": {"5"}, "gw2": {"3"}}),     # more workers than GPUs: they share
+    ("0,1,2,3", 2, 2, {"gw0": {"0,1"}, "gw1": {"2,3"}}),
+])
+def test_each_worker_gets_its_own_gpus(inner, monkeypatch, visible, workers, per, expected):
+    inner.makepyfile(test_where=RECORD % {"tests": 6})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    result = inner.runpytest_subprocess("-n", str(workers), f"--memlab-gpus-per-worker={per}", "--memlab")
+    result.assert_outcomes(passed=6)
+    assert seen(inner.path) == {w: g for w, g in expected.items() if w in seen(inner.path)}
+    assert len(seen(inner.path)) >= 2
+    result.stdout.fnmatch_lines(["GPUs per worker (CUDA_VISIBLE_DEVICES): gw0 -> *, gw1 -> *"])
+
+
+def test_the_bare_flag_means_one_gpu_each(inner, monkeypatch):
+    inner.makepyfile(test_where=RECORD % {"tests": 4})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7,8")
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-gpus-per-worker", "--memlab")
+    result.assert_outcomes(passed=4)
+    assert {g for gs in seen(inner.path).values() for g in gs} <= {"7", "8"}
+
+
+def test_without_workers_it_says_so_and_changes_nothing(inner, monkeypatch):
+    inner.makepyfile(test_where=RECORD.replace(", worker_id", "").replace("{worker_id}", "main") % {"tests": 1})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    result = inner.runpytest_subprocess("--memlab-gpus-per-worker=1", "--memlab")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["--memlab-gpus-per-worker works under pytest-xdist (-n N) only; this run has no workers"])
+    assert json.loads((inner.path / "seen-main-0.json").read_text()) == "3,5"
+
+
+# -- two GPUs ---------------------------------------------------------------------
+ON_TWO = """
+import torch, pytest
+MiB = 2**20
+
+@pytest.mark.cuda_memory(max="10MiB", device="cuda:1")
+def test_second_gpu_in_budget():
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda:1")
+    y = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda:0")   # another device: not this budget's
+    del x, y
+
+@pytest.mark.cuda_memory(max="10MiB", device="cuda:1")
+def test_second_gpu_over_budget():
+    x = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda:1")
+    del x
+
+@pytest.mark.cuda_memory(max="10MiB", device=1)
+def test_second_gpu_by_index():
+    with torch.cuda.device(1):
+        x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+    del x
+"""
+
+
+@requires_two_gpus
+def test_markers_measure_the_second_gpu(inner):
+    inner.makepyfile(test_two=ON_TWO)
+    result = inner.runpytest_subprocess("--junitxml=junit.xml")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*cuda:1 peak 16.0 MiB exceeds max 10.0 MiB by 6.0 MiB*"])
+    junit = (inner.path / "junit.xml").read_text()
+    assert 'name="memlab.cuda:1.peak" value="8388608"' in junit
+    assert 'name="memlab.cuda:1.peak" value="4194304"' in junit
+    assert 'name="memlab.cuda:0.peak"' not in junit
+
+
+@requires_two_gpus
+def test_set_target_gpu_one(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "prof.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from pytest_memlab import profile, set_target_gpu
+        set_target_gpu(1)
+
+        @profile
+        def work():
+            a = torch.empty(2**20, dtype=torch.uint8, device="cuda:1")
+            b = torch.empty(2**22, dtype=torch.uint8, device="cuda:0")
+            return a, b
+
+        work()
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env={**os.environ, "MEMLAB_CORE": "bridge"})
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if 'device="cuda:1"' in line)
+    assert "1.0 MiB" in row
+    row0 = next(line for line in out.stdout.splitlines() if 'device="cuda:0"' in line)
+    assert "4.0 MiB" not in row0   # cuda:0 is not the target
+
+
+PER_WORKER = """
+import json, torch, pytest
+MiB = 2**20
+
+@pytest.mark.parametrize("n", range(8))
+@pytest.mark.cuda_memory(max="64MiB")
+def test_on_my_gpu(n, worker_id):
+    assert torch.cuda.device_count() == 1
+    x = torch.empty((n + 1) * MiB, dtype=torch.uint8, device="cuda")
+    with open(f"uuid-{worker_id}-{n}.json", "w") as f:
+        json.dump(str(torch.cuda.get_device_properties(0).uuid), f)
+    del x
+"""
+
+
+@requires_two_gpus
+def test_one_worker_per_gpu_writes_one_baseline(inner):
+    inner.makepyfile(test_gpus=PER_WORKER)
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-gpus-per-worker", "--memlab-baseline=bl.json",
+                                        "--memlab-update-baseline")
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["GPUs per worker (CUDA_VISIBLE_DEVICES): gw0 -> 0, gw1 -> 1",
+                                 "baseline bl.json [[]cuda[]] updated: 8 tests written (8 new, 0 changed)"])
+    uuids = {}
+    for f in inner.path.glob("uuid-*.json"):
+        uuids.setdefault(f.name.split("-")[1], set()).add(json.loads(f.read_text()))
+    assert len(uuids) == 2 and all(len(u) == 1 for u in uuids.values())
+    assert uuids["gw0"] != uuids["gw1"]     # two workers, two GPUs
+    tests = json.loads((inner.path / "bl.json").read_text())["tests"]
+    assert sorted(tests[f"test_gpus.py::test_on_my_gpu[{n}]"]["cuda"]["peak"] for n in range(8)) == \
+        [(n + 1) * 2**20 for n in range(8)]
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-gpus-per-worker", "--memlab-baseline=bl.json")
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["baseline bl.json [[]cuda[]]: 8 compared"])
+    print(result.stdout.str())
