@@ -21,6 +21,7 @@ import pytest, torch
 
 DEV = %(dev)r
 MiB = 2**20
+pytestmark = pytest.mark.%(marker)s()   # measured on DEV, also where CUDA would be the default
 GROW = int(os.environ.get("GROW", "100"))
 
 def block(n):
@@ -119,15 +120,30 @@ def test_growth_of_a_quarter_fails_the_grown_tests(inner, dev):
         "*exactly 5242880 B against 4194304 B in the baseline; the tolerance allows 83886 B more",
     ])
     result.stdout.fnmatch_lines([
-        "FAILED test_suite.py::test_steady - *peak grew from 4.0 MiB to 5.0 MiB*",
+        "FAILED test_suite.py::test_steady - *peak grew from 4.0 MiB*",
         "FAILED test_suite.py::test_param[[]1[]] - *",
-        "FAILED test_suite.py::test_param[[]2[]] - *peak grew from 8.0 MiB to 10.0 MiB*",
+        "FAILED test_suite.py::test_param[[]2[]] - *peak grew from 8.0 MiB*",
     ])
     result.stdout.fnmatch_lines([f"baseline bl.json [[]{dev}[]]: 5 compared, 3 regressed"])
     junit = (inner.path / "junit.xml").read_text()
     assert junit.count("over the tolerance 2%,64KiB (baseline bl.json)") >= 3
     assert junit.count('name="memlab.') > 10 and 'value="regressed"' in junit
     assert (inner.path / "bl.json").read_text() == before  # compare mode never writes
+
+
+def test_unmarked_tests_compare_on_the_default_device(inner):
+    inner.makepyfile(test_plain="""
+import os, torch
+def test_plain():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.empty(int(os.environ.get("GROW", "100")) * 40960, dtype=torch.uint8, device=dev)
+""")
+    default = "cuda" if has_cuda() else "cpu"
+    write(inner).assert_outcomes(passed=1)
+    tests = entries(inner.path / "bl.json")
+    assert tests[default]["test_plain.py::test_plain"][default]["peak"] == 4096000
+    compare(inner).assert_outcomes(passed=1)
+    compare(inner, grow=150).assert_outcomes(failed=1)
 
 
 def test_a_tolerance_of_thirty_percent_passes_the_growth(inner):
