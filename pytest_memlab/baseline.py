@@ -273,19 +273,10 @@ def environment_info(torch) -> dict:
             device = torch.cuda.get_device_name(torch.cuda.current_device())
     except Exception:
         device = None
-    info["device"] = device or _cpu_name()
+    # "cpu" where no GPU figured: which CPU runs a test does not move its
+    # tensor memory, so a CPU lane reads the same on every machine
+    info["device"] = device or "cpu"
     return info
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
 
 
 def _minor(version: object) -> str | None:
@@ -299,7 +290,8 @@ def environment_differences(old: dict, new: dict) -> list[str]:
     far as it moves memory figures: the device, torch's minor version,
     CUDA's version."""
     out = []
-    if old.get("device") and new.get("device") and old["device"] != new["device"]:
+    if old.get("device") not in (None, "cpu") and new.get("device") not in (None, "cpu") \
+            and old["device"] != new["device"]:
         out.append(f"device {old['device']} -> {new['device']}")
     if _minor(old.get("torch")) and _minor(new.get("torch")) and _minor(old["torch"]) != _minor(new["torch"]):
         out.append(f"torch {old['torch']} -> {new['torch']}")

@@ -4,6 +4,7 @@ parse time (a bad value is a usage error that names it)."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,6 +212,9 @@ class Options:
             baseline = Path(baseline)   # as the shell gave it: relative to the working folder
         elif config.getini("memlab_baseline").strip():
             baseline = config.rootpath / config.getini("memlab_baseline").strip()
+            shown = Path(os.path.relpath(baseline))   # as short as the shell would name it
+            if not str(shown).startswith(".."):
+                baseline = shown
         update = bool(_option(config, "memlab_update_baseline", "memlab_update_baseline"))
         prune = bool(_option(config, "memlab_prune_baseline", "memlab_prune_baseline"))
         if (update or prune) and baseline is None:

@@ -102,6 +102,17 @@ def growth_report(device: str, kept: list[int]) -> str:
             f"  exactly {sum(kept)} B over {len(kept)} repetitions")
 
 
+def baseline_change(d) -> str:
+    """The table's baseline cell: the own peak's change, or why there is none."""
+    if d.baseline == "new":
+        return "new"
+    if d.baseline_peak is None or d.peak is None:
+        return "-"
+    if d.baseline_peak == 0:
+        return "+" + format_size(d.peak) if d.peak else "0%"
+    return f"{100 * (d.peak - d.baseline_peak) / d.baseline_peak:+.1f}%"
+
+
 def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
@@ -142,6 +153,9 @@ def summary(results: dict, backend: str, notes: set[str], table: bool) -> list[t
         return out
     measured.sort(key=lambda rd: -(rd[1].peak or 0))
     header = ("test", "device", "own peak", "total peak", "reserved peak", "budget", "use", "leaked")
+    compared = any(d.baseline for _, d in measured)
+    if compared:
+        header += ("baseline",)
     cells = [header]
     for r, d in measured:
         budget = d.max
@@ -151,7 +165,7 @@ def summary(results: dict, backend: str, notes: set[str], table: bool) -> list[t
             format_size(d.reserved_peak) if d.reserved_peak is not None else "-",
             format_size(budget) if budget is not None else "-", use,
             format_size(d.leaked) if d.leaked is not None else "-",
-        ))
+        ) + ((baseline_change(d),) if compared else ()))
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(header))]
     for n, row in enumerate(cells):
         line = "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
