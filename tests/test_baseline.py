@@ -435,3 +435,16 @@ def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
         baseline.write_atomic(path, "new\n")
     assert path.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["bl.json"]
+
+
+def test_the_ci_example_uses_only_real_options(pytester):
+    """ci/examples/memlab-gpu.yml: every memlab option it writes exists."""
+    import re
+    from pathlib import Path
+
+    workflow = (Path(__file__).parent.parent / "ci" / "examples" / "memlab-gpu.yml").read_text()
+    used = set(re.findall(r"--memlab[a-z-]*", workflow))
+    assert {"--memlab-baseline", "--memlab-update-baseline", "--memlab-gpus-per-worker"} <= used
+    helped = pytester.runpytest_subprocess("--help").stdout.str()
+    assert not [flag for flag in used if flag not in helped]
+    assert "python -m pytest_memlab merge memlab-baseline.json shard-*.json" in workflow
