@@ -129,7 +129,7 @@ def add_options(parser) -> None:
     group.addoption(
         "--memlab-tolerance", type=tolerance, default=None, metavar="SPEC",
         help=f"allowed growth over the baseline: '5%%', '16MiB' or '5%%,1MiB' (the larger of the two); "
-             f"default {DEFAULT_TOLERANCE}; a marker's tolerance= wins (ini: memlab_tolerance)",
+             f"default {DEFAULT_TOLERANCE.replace('%', '%%')}; a marker's tolerance= wins (ini: memlab_tolerance)",
     )
     group.addoption(
         "--memlab-fail-on-improvement", action="store_true", default=None,
