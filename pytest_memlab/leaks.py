@@ -32,7 +32,11 @@ from .attribution import Frame, chain_of
 from .devices import CPU, cuda_index
 
 POLICIES = ("fail", "warn", "off")
-HOLDER_SECONDS = 1.0      # per test, for every holder search together
+# Per leaking test, for every holder search together.  Each level of the
+# search walks the collector's whole heap once, so a large process (a
+# suite's worth of modules, an in-process pytester) needs seconds for a
+# path five levels deep; only a test that leaks pays it.
+HOLDER_SECONDS = 3.0
 HOLDER_DEPTH = 12         # references between a tensor and its root
 
 

@@ -293,12 +293,12 @@ def test_a_different_environment_is_reported_and_compared(inner):
     write(inner).assert_outcomes(passed=5)
     path = inner.path / "bl.json"
     data = json.loads(path.read_text())
-    data["environment"].update(torch="1.13.1", device="NVIDIA A100-SXM4-40GB")
+    data["environment"].update(torch="1.13.1", cuda="11.8")
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     result = compare(inner, grow=125)
     result.assert_outcomes(passed=2, failed=3)
     result.stdout.fnmatch_lines([
-        "baseline bl.json [[]cpu[]] was measured elsewhere: device NVIDIA A100-SXM4-40GB -> *; torch 1.13.1 -> 2.* "
+        "baseline bl.json [[]cpu[]] was measured elsewhere: torch 1.13.1 -> 2.*; CUDA 11.8 -> * "
         "(the comparisons ran all the same)"])
 
 
@@ -448,3 +448,15 @@ def test_the_ci_example_uses_only_real_options(pytester):
     helped = pytester.runpytest_subprocess("--help").stdout.str()
     assert not [flag for flag in used if flag not in helped]
     assert "python -m pytest_memlab merge memlab-baseline.json shard-*.json" in workflow
+
+
+def test_what_counts_as_another_environment():
+    from pytest_memlab.baseline import environment_differences
+
+    old = {"device": "NVIDIA A100-SXM4-40GB", "torch": "2.11.0", "cuda": "12.8", "python": "3.12.3"}
+    assert environment_differences(old, {**old, "torch": "2.11.1", "python": "3.12.9"}) == []   # patch releases
+    assert environment_differences(old, {**old, "device": "NVIDIA H100 80GB HBM3"}) == [
+        "device NVIDIA A100-SXM4-40GB -> NVIDIA H100 80GB HBM3"]
+    assert environment_differences(old, {**old, "device": "cpu"}) == []   # no GPU figured in this run
+    assert environment_differences(old, {**old, "torch": "2.12.0", "cuda": "13.0"}) == [
+        "torch 2.11.0 -> 2.12.0", "CUDA 12.8 -> 13.0"]
