@@ -13,6 +13,10 @@ from conftest import has_cuda, requires_torch
 
 pytestmark = requires_torch
 
+# the lane a run compares with and writes, unless it names one: "cuda" on a
+# machine with CUDA (whatever device the tests measure), else "cpu"
+LANE = "cuda" if has_cuda() else "cpu"
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not has_cuda(), reason="needs CUDA"))]
 
 SUITE = """
@@ -81,13 +85,13 @@ def test_write_then_compare_unchanged_passes(inner, dev):
     suite(inner, dev)
     result = write(inner)
     result.assert_outcomes(passed=5)
-    result.stdout.fnmatch_lines([f"baseline bl.json [[]{dev}[]] updated: 5 tests written (5 new, 0 changed)"])
+    result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]] updated: 5 tests written (5 new, 0 changed)"])
     text = (inner.path / "bl.json").read_text()
     data = json.loads(text)
     # DESIGN.md's layout: sorted keys, two-space indent, trailing newline
     assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
     assert data["format"] == "pytest-memlab-baseline" and data["version"] == 1
-    assert data["environment"]["name"] == dev
+    assert data["environment"]["name"] == LANE
     assert set(data["environment"]) >= {"torch", "cuda", "device", "python"}
     assert sorted(data["tests"]) == NODEIDS
     steady = data["tests"]["test_suite.py::test_steady"][dev]
@@ -102,7 +106,7 @@ def test_write_then_compare_unchanged_passes(inner, dev):
     result = compare(inner)
     assert result.ret == 0
     result.assert_outcomes(passed=5)
-    result.stdout.fnmatch_lines([f"baseline bl.json [[]{dev}[]]: 5 compared"])
+    result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]]: 5 compared"])
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -124,7 +128,7 @@ def test_growth_of_a_quarter_fails_the_grown_tests(inner, dev):
         "FAILED test_suite.py::test_param[[]1[]] - *",
         "FAILED test_suite.py::test_param[[]2[]] - *peak grew from 8.0 MiB*",
     ])
-    result.stdout.fnmatch_lines([f"baseline bl.json [[]{dev}[]]: 5 compared, 3 regressed"])
+    result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]]: 5 compared, 3 regressed"])
     junit = (inner.path / "junit.xml").read_text()
     assert junit.count("over the tolerance 2%,64KiB (baseline bl.json)") >= 3
     assert junit.count('name="memlab.') > 10 and 'value="regressed"' in junit
@@ -141,7 +145,7 @@ def test_plain():
     default = "cuda" if has_cuda() else "cpu"
     write(inner).assert_outcomes(passed=1)
     tests = entries(inner.path / "bl.json")
-    assert tests[default]["test_plain.py::test_plain"][default]["peak"] == 4096000
+    assert tests[LANE]["test_plain.py::test_plain"][default]["peak"] == 4096000
     compare(inner).assert_outcomes(passed=1)
     compare(inner, grow=150).assert_outcomes(failed=1)
 
@@ -164,7 +168,7 @@ def test_improvements_are_reported_and_can_fail(inner):
     result = compare(inner, grow=50)
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines([
-        "baseline bl.json [[]cpu[]]: 5 compared, 4 improved beyond the tolerance",
+        f"baseline bl.json [[]{LANE}[]]: 5 compared, 4 improved beyond the tolerance",
         "  improved (write the baseline again to keep it tight):",
         "    test_suite.py::test_steady [[]cpu[]] 4.0 MiB -> 2.0 MiB",
     ])
@@ -183,7 +187,7 @@ def test_new_tests_are_listed_and_stale_entries_pruned(inner):
     result = compare(inner)
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines([
-        "baseline bl.json [[]cpu[]]: 5 compared, 1 new (not in the baseline), 1 stale entry",
+        f"baseline bl.json [[]{LANE}[]]: 5 compared, 1 new (not in the baseline), 1 stale entry",
         "  new, listed not failed (--memlab-update-baseline adds them):",
         "    test_suite.py::test_new",
         "  stale, tests the baseline has that no longer exist (--memlab-prune-baseline drops them):",
@@ -192,7 +196,7 @@ def test_new_tests_are_listed_and_stale_entries_pruned(inner):
     # updating keeps the stale entry unless asked to prune
     result = write(inner)
     result.stdout.fnmatch_lines(["*6 tests written (1 new, * changed)", "  1 stale entry kept*"])
-    assert "test_suite.py::test_gone" in entries(inner.path / "bl.json")["cpu"]
+    assert "test_suite.py::test_gone" in entries(inner.path / "bl.json")[LANE]
     # an entry of a file this run did not collect is not stale; a deselected test still exists
     inner.makepyfile(test_other="def test_elsewhere():\n    pass\n")
     write(inner, "test_other.py").assert_outcomes(passed=1)
@@ -200,7 +204,7 @@ def test_new_tests_are_listed_and_stale_entries_pruned(inner):
     result.assert_outcomes(passed=1, deselected=5)
     result.stdout.fnmatch_lines(["*1 test written (0 new, * changed), 1 stale entry pruned", "  pruned:",
                                  "    test_suite.py::test_gone"])
-    assert sorted(entries(inner.path / "bl.json")["cpu"]) == sorted(
+    assert sorted(entries(inner.path / "bl.json")[LANE]) == sorted(
         NODEIDS + ["test_suite.py::test_new", "test_other.py::test_elsewhere"])
     # a file that is gone takes its entries with it
     (inner.path / "test_other.py").unlink()
@@ -221,7 +225,7 @@ def test_a_failing_test_keeps_its_old_entry(inner):
         "*6 tests measured*", "*5 tests written (0 new, * changed)",
         "  not written, because they failed by their own doing or did not run:", "    test_suite.py::test_flaky",
     ])
-    tests = entries(inner.path / "bl.json")["cpu"]
+    tests = entries(inner.path / "bl.json")[LANE]
     assert tests["test_suite.py::test_flaky"]["cpu"]["peak"] == 4 * 2**20
     assert tests["test_suite.py::test_steady"]["cpu"]["peak"] == 12 * 2**20
 
@@ -230,7 +234,7 @@ def test_a_budget_failure_still_writes_its_figures(inner):
     suite(inner, extra="\n@pytest.mark.cpu_memory(max='1MiB')\ndef test_over():\n    x = block(4 * MiB)\n")
     result = write(inner)
     result.assert_outcomes(passed=5, failed=1)
-    assert entries(inner.path / "bl.json")["cpu"]["test_suite.py::test_over"]["cpu"]["peak"] == 4 * 2**20
+    assert entries(inner.path / "bl.json")[LANE]["test_suite.py::test_over"]["cpu"]["peak"] == 4 * 2**20
 
 
 @pytest.mark.parametrize("content, what", [
@@ -298,7 +302,7 @@ def test_a_different_environment_is_reported_and_compared(inner):
     result = compare(inner, grow=125)
     result.assert_outcomes(passed=2, failed=3)
     result.stdout.fnmatch_lines([
-        "baseline bl.json [[]cpu[]] was measured elsewhere: torch 1.13.1 -> 2.*; CUDA 11.8 -> * "
+        f"baseline bl.json [[]{LANE}[]] was measured elsewhere: torch 1.13.1 -> 2.*; CUDA 11.8 -> * "
         "(the comparisons ran all the same)"])
 
 
@@ -311,8 +315,8 @@ def test_one_file_holds_two_environments(inner):
     finally:
         del os.environ["GROW"]
     tests = entries(inner.path / "bl.json")
-    assert sorted(tests) == ["big-lane", "cpu"]
-    assert tests["cpu"]["test_suite.py::test_steady"]["cpu"]["peak"] == 4 * 2**20
+    assert sorted(tests) == sorted(["big-lane", LANE])
+    assert tests[LANE]["test_suite.py::test_steady"]["cpu"]["peak"] == 4 * 2**20
     assert tests["big-lane"]["test_suite.py::test_steady"]["cpu"]["peak"] == 8 * 2**20
     data = json.loads((inner.path / "bl.json").read_text())
     assert set(data) == {"environments", "format", "version"}
@@ -344,15 +348,15 @@ def test_xdist_workers_write_every_entry(inner, dist):
     result = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
                                         "--junitxml=junit.xml", *dist)
     result.assert_outcomes(passed=5)
-    result.stdout.fnmatch_lines(["baseline bl.json [[]cpu[]] updated: 5 tests written (5 new, 0 changed)"])
-    assert sorted(entries(inner.path / "bl.json")["cpu"]) == NODEIDS
+    result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]] updated: 5 tests written (5 new, 0 changed)"])
+    assert sorted(entries(inner.path / "bl.json")[LANE]) == NODEIDS
     junit = (inner.path / "junit.xml").read_text()
     assert junit.count('name="memlab.cpu.peak"') == 5   # figures reach junit from the workers
 
     result = compare(inner, "-n", "2", grow=125, subprocess=True)
     result.assert_outcomes(passed=2, failed=3)
     result.stdout.fnmatch_lines(["*cpu peak grew from 4.0 MiB to 5.0 MiB (+25.0%)*(baseline bl.json)*"])
-    result.stdout.fnmatch_lines(["baseline bl.json [[]cpu[]]: 5 compared, 3 regressed"])
+    result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]]: 5 compared, 3 regressed"])
 
 
 def test_xdist_broken_file_reads_the_same(inner):
@@ -370,13 +374,13 @@ def test_shards_merge_into_one_baseline(inner):
     for n, selection in enumerate(["test_param", "not test_param"]):
         inner.runpytest_inprocess(f"--memlab-baseline=shard-{n}.json", "--memlab-update-baseline",
                                   "-k", selection)
-    assert len(entries(inner.path / "shard-0.json")["cpu"]) == 2
-    assert len(entries(inner.path / "shard-1.json")["cpu"]) == 3
+    assert len(entries(inner.path / "shard-0.json")[LANE]) == 2
+    assert len(entries(inner.path / "shard-1.json")[LANE]) == 3
     out = subprocess.run([sys.executable, "-m", "pytest_memlab", "merge", "bl.json", "shard-0.json",
                           "shard-1.json"], cwd=inner.path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "pytest-memlab merge: 2 files into bl.json (cpu: 5 tests)"
-    assert sorted(entries(inner.path / "bl.json")["cpu"]) == NODEIDS
+    assert out.stdout.strip() == f"pytest-memlab merge: 2 files into bl.json ({LANE}: 5 tests)"
+    assert sorted(entries(inner.path / "bl.json")[LANE]) == NODEIDS
     compare(inner).assert_outcomes(passed=5)
     compare(inner, grow=125).assert_outcomes(passed=2, failed=3)
     # a broken input: nothing written
