@@ -212,8 +212,11 @@ def update(path: Path, env_name: str, info: dict, written: dict, stale: set | No
     with lock(path):
         baseline = Baseline.load_or_new(path)
         env = baseline.environments.setdefault(env_name, Environment())
-        if info:
-            env.info = dict(info)
+        if info and written:
+            # a run in which no test started CUDA cannot name the GPU: the
+            # lane keeps the name it had
+            keep = info.get("device") in (None, "cpu") and env.info.get("device") not in (None, "cpu")
+            env.info = {**info, "device": env.info["device"]} if keep else dict(info)
         changes: dict[str, list] = {"new": [], "changed": [], "pruned": []}
         for nodeid, devices in sorted(written.items()):
             old = env.tests.get(nodeid)
@@ -226,7 +229,8 @@ def update(path: Path, env_name: str, info: dict, written: dict, stale: set | No
             if nodeid in env.tests and nodeid not in written:
                 del env.tests[nodeid]
                 changes["pruned"].append(nodeid)
-        baseline.write()
+        if written or changes["pruned"] or not Path(path).exists():
+            baseline.write()   # (nothing to write: the file stays byte for byte)
     return baseline, changes
 
 

@@ -338,7 +338,7 @@ def test_ini_twin_names_the_file_relative_to_the_rootdir(inner, monkeypatch):
     monkeypatch.chdir(sub)
     result = inner.runpytest_inprocess(str(inner.path))
     result.assert_outcomes(passed=5)
-    assert sorted(entries(inner.path / "base" / "bl.json")["cpu"]) == NODEIDS
+    assert sorted(entries(inner.path / "base" / "bl.json")[LANE]) == NODEIDS
 
 
 # -- more than one process --------------------------------------------------------
@@ -464,3 +464,17 @@ def test_what_counts_as_another_environment():
     assert environment_differences(old, {**old, "device": "cpu"}) == []   # no GPU figured in this run
     assert environment_differences(old, {**old, "torch": "2.12.0", "cuda": "13.0"}) == [
         "torch 2.11.0 -> 2.12.0", "CUDA 12.8 -> 13.0"]
+
+
+def test_a_run_that_never_started_cuda_keeps_the_lanes_gpu_name(tmp_path):
+    from pytest_memlab.baseline import update
+
+    path = tmp_path / "bl.json"
+    gpu = {"device": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "python": "3.12.3"}
+    update(path, "cuda", gpu, {"t.py::a": {"cuda": {"peak": 1}}})
+    update(path, "cuda", {**gpu, "device": "cpu"}, {"t.py::b": {"cpu": {"peak": 2}}})
+    data = json.loads(path.read_text())
+    assert data["environment"]["device"] == "NVIDIA H200" and sorted(data["tests"]) == ["t.py::a", "t.py::b"]
+    before = path.read_text()
+    update(path, "cuda", {**gpu, "torch": "2.12.0"}, {})     # nothing to write: the file stays as it was
+    assert path.read_text() == before
