@@ -150,8 +150,9 @@ def test_plain():
     compare(inner, grow=150).assert_outcomes(failed=1)
 
 
-def test_a_tolerance_of_thirty_percent_passes_the_growth(inner):
-    suite(inner)
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_tolerance_of_thirty_percent_passes_the_growth(inner, dev):
+    suite(inner, dev)
     write(inner).assert_outcomes(passed=5)
     compare(inner, "--memlab-tolerance=30%", grow=125).assert_outcomes(passed=5)
     # and as an ini twin
@@ -342,20 +343,23 @@ def test_ini_twin_names_the_file_relative_to_the_rootdir(inner, monkeypatch):
 
 
 # -- more than one process --------------------------------------------------------
-@pytest.mark.parametrize("dist", [["-n", "2"], ["-n", "auto"], ["-n", "2", "--dist", "loadgroup"]])
-def test_xdist_workers_write_every_entry(inner, dist):
-    suite(inner)
+@pytest.mark.parametrize("dev, dist", [("cpu", ["-n", "2"]), ("cpu", ["-n", "auto"]),
+                                       ("cpu", ["-n", "2", "--dist", "loadgroup"]),
+                                       pytest.param("cuda", ["-n", "2"], marks=DEVICES[1].marks)])
+def test_xdist_workers_write_every_entry(inner, dev, dist):
+    suite(inner, dev)
     result = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
                                         "--junitxml=junit.xml", *dist)
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]] updated: 5 tests written (5 new, 0 changed)"])
     assert sorted(entries(inner.path / "bl.json")[LANE]) == NODEIDS
     junit = (inner.path / "junit.xml").read_text()
-    assert junit.count('name="memlab.cpu.peak"') == 5   # figures reach junit from the workers
+    name = "cpu" if dev == "cpu" else "cuda:0"
+    assert junit.count(f'name="memlab.{name}.peak"') == 5   # figures reach junit from the workers
 
     result = compare(inner, "-n", "2", grow=125, subprocess=True)
     result.assert_outcomes(passed=2, failed=3)
-    result.stdout.fnmatch_lines(["*cpu peak grew from 4.0 MiB to 5.0 MiB (+25.0%)*(baseline bl.json)*"])
+    result.stdout.fnmatch_lines([f"*{name} peak grew from 4.0 MiB to 5.0 MiB (+25.0%)*(baseline bl.json)*"])
     result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]]: 5 compared, 3 regressed"])
 
 
@@ -368,8 +372,9 @@ def test_xdist_broken_file_reads_the_same(inner):
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
 
-def test_shards_merge_into_one_baseline(inner):
-    suite(inner)
+@pytest.mark.parametrize("dev", DEVICES)
+def test_shards_merge_into_one_baseline(inner, dev):
+    suite(inner, dev)
     # one job per slice of the suite, each writing its own file
     for n, selection in enumerate(["test_param", "not test_param"]):
         inner.runpytest_inprocess(f"--memlab-baseline=shard-{n}.json", "--memlab-update-baseline",
