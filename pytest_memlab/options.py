@@ -12,24 +12,57 @@ from pathlib import Path
 from .baseline import DEFAULT_TOLERANCE
 from .sizes import SizeError, Tolerance, parse_tolerance
 
-REPORT_KINDS = ("term",)
+REPORT_KINDS = ("term", "json:PATH")
 
 
 def report_spec(value: str) -> tuple[str, ...]:
-    """Checks --memlab-report at parse time."""
+    """Checks --memlab-report=SPEC at parse time: a comma list of ``term``
+    and ``json:PATH``."""
     parts = tuple(p.strip() for p in value.split(",") if p.strip()) or ("term",)
     for part in parts:
-        kind = part.split(":", 1)[0]
-        if kind in ("json", "html"):
+        kind, _, path = part.partition(":")
+        if kind == "json":
+            if not path.strip():
+                raise argparse.ArgumentTypeError(f"{part!r} names no file (write json:PATH)")
+            continue
+        if kind == "html":
             raise argparse.ArgumentTypeError(
-                f"{part!r}: the {kind} report is not available in this version of pytest-memlab (use 'term')"
+                f"{part!r}: the html report is not available in this version of pytest-memlab (use term, json:PATH)"
             )
-        if part not in REPORT_KINDS:
+        if part != "term":
             raise argparse.ArgumentTypeError(
-                f"{part!r} is not a report (expected a comma list of: term); "
-                "write --memlab-report=SPEC so that a path after it is not taken for SPEC"
+                f"{part!r} is not a report (expected a comma list of: term, json:PATH)"
             )
     return parts
+
+
+def _looks_like_a_path(value: str) -> bool:
+    head = value.split("::", 1)[0]
+    return os.path.exists(head) or head.endswith(".py") or os.sep in head or head in (".", "..")
+
+
+class ReportAction(argparse.Action):
+    """``--memlab-report`` with an optional SPEC.  argparse cannot tell
+    ``--memlab-report=SPEC`` from ``--memlab-report tests/`` (it would take
+    the path for the spec), so a value that is no report but names a file
+    or folder is handed back as a path to test (see pytest_configure), and
+    the report is the terminal table: neither spelling trips."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None:
+            spec = ("term",)
+        else:
+            try:
+                spec = report_spec(values)
+            except argparse.ArgumentTypeError as exc:
+                if not _looks_like_a_path(values):
+                    raise argparse.ArgumentError(self, str(exc)) from None
+                spec = ("term",)
+                paths = list(getattr(namespace, "memlab_report_paths", None) or [])
+                if values not in paths:
+                    paths.append(values)
+                setattr(namespace, "memlab_report_paths", paths)
+        setattr(namespace, self.dest, spec)
 
 
 def positive_int(value: str) -> int:
@@ -84,8 +117,14 @@ def add_options(parser) -> None:
         help="measure every test, marked or not (ini: memlab)",
     )
     group.addoption(
-        "--memlab-report", nargs="?", const=("term",), default=None, type=report_spec, metavar="SPEC",
-        help="report the measured tests; implies --memlab. SPEC: 'term' (default) (ini: memlab_report)",
+        "--memlab-report", nargs="?", action=ReportAction, default=None, metavar="SPEC",
+        help="report the measured tests; implies --memlab.  --memlab-report alone is the terminal table; "
+             "--memlab-report=SPEC a comma list of: term, json:PATH (ini: memlab_report)",
+    )
+    group.addoption(
+        "--memlab-json", default=None, metavar="PATH",
+        help="write the JSON report (schema: pytest_memlab/report.schema.json) to PATH; implies --memlab "
+             "(ini: memlab_json)",
     )
     group.addoption(
         "--memlab-require-cuda", action="store_true", default=None,
@@ -159,6 +198,7 @@ def add_options(parser) -> None:
     parser.addini("memlab_top", default="5", help="as --memlab-top")
     parser.addini("memlab_include", type="linelist", default=[], help="as --memlab-include")
     parser.addini("memlab_report", default="", help="report spec, as --memlab-report")
+    parser.addini("memlab_json", default="", help="as --memlab-json (relative to the rootdir)")
     parser.addini("memlab_require_cuda", type="bool", default=False, help="as --memlab-require-cuda")
 
 
@@ -183,6 +223,14 @@ class Options:
     fail_on_improvement: bool = False
     baseline_env: str | None = None
     gpus_per_worker: int | None = None
+
+    @property
+    def json_paths(self) -> list[str]:
+        return [part.split(":", 1)[1] for part in self.report or () if part.startswith("json:")]
+
+    @property
+    def terminal_table(self) -> bool:
+        return "term" in (self.report or ())
 
     @classmethod
     def from_config(cls, config) -> "Options":
@@ -241,6 +289,13 @@ class Options:
                 gpus = positive_int(config.getini("memlab_gpus_per_worker").strip())
             except argparse.ArgumentTypeError as exc:
                 raise pytest.UsageError(f"ini memlab_gpus_per_worker: {exc}") from None
+        json_path = config.getoption("memlab_json")
+        if json_path is None and config.getini("memlab_json").strip():
+            json_path = str(config.rootpath / config.getini("memlab_json").strip())
+        if json_path is not None:
+            if not json_path.strip():
+                raise pytest.UsageError("--memlab-json names no file (write --memlab-json=PATH)")
+            report = tuple(report or ()) + (f"json:{json_path}",)
         return cls(
             baseline=baseline,
             update_baseline=update,

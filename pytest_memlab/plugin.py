@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from ._core import BRIDGE
+from . import json_report
 from .baseline import Baseline, BaselineError, compare, environment_differences, environment_info, stale_entries, update
 from .devices import cuda_available, default_device
 from .markers import MARKERS, MarkerError, MemorySpec, specs_for
@@ -72,6 +73,15 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 
 def pytest_configure(config):
+    # `pytest --memlab-report tests/`: the path argparse gave the option
+    # is a path to test (options.ReportAction)
+    paths = getattr(config.option, "memlab_report_paths", None)
+    if paths:
+        if config.args_source == pytest.Config.ArgsSource.ARGS:
+            config.args.extend(p for p in paths if p not in config.args)
+        else:   # no path was given but this one: not the invocation folder, not testpaths
+            config.args[:] = list(paths)
+            config.args_source = pytest.Config.ArgsSource.ARGS
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
     config.pluginmanager.register(MemlabPlugin(config), "memlab-manager")
@@ -528,27 +538,41 @@ class MemlabPlugin:
         if self._worker:
             # the controller writes the one baseline and the one report
             self.config.workeroutput["memlab"] = {
-                "collected": sorted(self.collected), "env": self.env,
-                "info": self._environment() if self.env else {},
+                "collected": sorted(self.collected), "env": self.env, "info": self._environment(),
+                "backend": self.backend,
                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") if self.options.gpus_per_worker else None,
             }
             return
-        if self.baseline is None:
-            return
-        try:
-            self._finish_baseline(session)
-        except Exception as exc:   # never lose the session; say it loudly
-            self.write_failed = True
-            self.baseline_lines.append((f"pytest-memlab: the baseline {self.options.baseline} was not "
-                                        f"written: {type(exc).__name__}: {exc}", True))
+        if self.baseline is not None:
+            try:
+                self._finish_baseline(session)
+            except Exception as exc:   # never lose the session; say it loudly
+                self.write_failed = True
+                self.baseline_lines.append((f"pytest-memlab: the baseline {self.options.baseline} was not "
+                                            f"written: {type(exc).__name__}: {exc}", True))
+        for path in self.options.json_paths:
+            try:
+                json_report.write(path, self.results, self._run_environment(), self._run_backend())
+                self.baseline_lines.append((f"JSON report: {path}", False))
+            except Exception as exc:
+                self.write_failed = True
+                self.baseline_lines.append((f"pytest-memlab: the JSON report {path} was not written: "
+                                            f"{type(exc).__name__}: {exc}", True))
         if self.write_failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def _run_environment(self) -> dict:
+        """This run's environment: a worker's under pytest-xdist (the
+        controller measures nothing), else this process's."""
+        sent = [w["info"] for w in self.workers.values() if w.get("info")]
+        gpu = [i for i in sent if i.get("device") not in (None, "cpu")]
+        return (gpu or sent or [self._environment()])[0]
+
+    def _run_backend(self) -> str:
+        return self.backend or next((w["backend"] for w in self.workers.values() if w.get("backend")), "")
+
     def _finish_baseline(self, session) -> None:
-        workers = list(self.workers.values())
-        info = next((w["info"] for w in workers if w.get("info")), None) if workers else None
-        if info is None and self.env is not None:
-            info = self._environment()
+        info = self._run_environment()
         env = self.env or self.options.baseline_env
         if env is None:   # nothing was measured
             self.baseline_lines.append((f"baseline {self.options.baseline}: no test was measured, "
@@ -587,7 +611,7 @@ class MemlabPlugin:
         if not self.results and not self.baseline_lines and not self.notes:
             return
         terminalreporter.section("memlab")
-        table = bool(self.options.report and "term" in self.options.report)
+        table = self.options.terminal_table
         if self.results:
             for line, bold in summary(self.results, self.backend, self.trace_notes, table):
                 terminalreporter.write_line(line, bold=bold)

@@ -1,0 +1,72 @@
+"""The JSON report (``--memlab-json=PATH``, ``--memlab-report=json:PATH``):
+every measured test's figures, budgets, baseline comparison and heaviest
+lines, for dashboards.  Versioned; its schema ships beside this module
+(``report.schema.json``) and the tests validate against it.  Stable: keys
+sorted, tests in node id order, written atomically like the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .baseline import write_atomic
+
+FORMAT = "pytest-memlab-report"
+VERSION = 1
+SCHEMA = Path(__file__).with_name("report.schema.json")
+
+
+def _device(d) -> dict:
+    return {
+        "device": d.device,
+        "name": d.name or d.device,
+        "measured": d.measured,
+        "reason": d.reason or None,
+        "peak": d.peak,
+        "peak_total": d.peak_total,
+        "reserved_peak": d.reserved_peak,
+        "leaked": d.leaked,
+        "budget": d.max,
+        "max_total": d.max_total,
+        "max_reserved": d.max_reserved,
+        "baseline_peak": d.baseline_peak,
+        "baseline": d.baseline or None,
+        "top": [{"file": t.get("file"), "line": t.get("line"), "function": t.get("function"),
+                 "bytes": t.get("bytes"), "peak_total": t.get("peak_total")} for t in d.top],
+    }
+
+
+def build(results: dict, environment: dict, backend: str) -> dict:
+    tests = []
+    for nodeid in sorted(results):
+        r = results[nodeid]
+        tests.append({
+            "nodeid": nodeid,
+            "outcome": r.outcome or "unknown",
+            "failed_by_memlab": sorted(r.failed),
+            "warned": sorted(r.warned),
+            "memlab_error": r.error or None,
+            "devices": {device: _device(d) for device, d in sorted(r.devices.items())},
+        })
+    measured = [t for t in tests if any(d["measured"] for d in t["devices"].values())]
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "environment": environment,
+        "backend": backend or None,
+        "summary": {
+            "tests": len(tests),
+            "measured": len(measured),
+            "failed_by_memlab": sum(1 for t in tests if t["failed_by_memlab"]),
+            "warned": sum(1 for t in tests if t["warned"]),
+            "memlab_errors": sum(1 for t in tests if t["memlab_error"]),
+        },
+        "tests": tests,
+    }
+
+
+def write(path, results: dict, environment: dict, backend: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(build(results, environment, backend), indent=2, sort_keys=True) + "\n")
