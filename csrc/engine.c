@@ -33,6 +33,7 @@ Device_free(Device *d)
         return;
     ScopeStack_fini(&d->stack);
     Ledger_fini(&d->ledger);
+    Timeline_fini(&d->timeline);
     free(d);
 }
 
@@ -241,6 +242,9 @@ Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
         Device_release(d, addr, source);
     if (d->stack.depth > 0)
         ScopeStack_on_totals(&d->stack, Device_total(d), Device_reserved(d));
+    if (d->timeline_scope != 0)
+        Timeline_add(&d->timeline, d->seq,
+                     d->stack.scopes[d->timeline_depth].own, Device_total(d));
     Spinlock_release(&d->lock);
 }
 
@@ -288,6 +292,8 @@ Engine_end(Engine *self, int slot, uint32_t id, Scope *out)
     Spinlock_acquire(&d->lock);
     if (ScopeStack_pop(&d->stack, id, out) < 0)
         goto error;
+    if (id == d->timeline_scope)
+        d->timeline_scope = 0;
     if (d->stack.depth == 0) {
         /* Nothing is measured any more: blocks still held cannot be
          * followed reliably (CPU reporting stops), so forget them. */
@@ -297,6 +303,66 @@ Engine_end(Engine *self, int slot, uint32_t id, Scope *out)
     }
     ret = 0;
 error:
+    Spinlock_release(&d->lock);
+    return ret;
+}
+
+int
+Engine_timeline_start(Engine *self, int slot, uint32_t id)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return -1;
+    int ret = -1;
+    Spinlock_acquire(&d->lock);
+    Scope *s = ScopeStack_find(&d->stack, id);
+    if (s == NULL)
+        goto error;
+    /* The buffer is allocated on first use only, under the lock; the hot
+     * path never allocates for it. */
+    if (Timeline_start(&d->timeline, d->seq, s->own, Device_total(d)) < 0)
+        goto error;
+    d->timeline_scope = id;
+    d->timeline_depth = (int)(s - d->stack.scopes);
+    ret = 0;
+error:
+    Spinlock_release(&d->lock);
+    return ret;
+}
+
+uint32_t
+Engine_timeline(Engine *self, int slot, TimelinePoint *dst, uint32_t max,
+                uint64_t *seq0, uint64_t *last)
+{
+    Device *d = Engine_device(self, slot, 0);
+    *seq0 = *last = 0;
+    if (d == NULL)
+        return 0;
+    Spinlock_acquire(&d->lock);
+    uint32_t n = Timeline_copy(&d->timeline, dst, max);
+    *seq0 = d->timeline.seq0;
+    *last = d->timeline.last;
+    Spinlock_release(&d->lock);
+    return n;
+}
+
+uint64_t
+Engine_seq(Engine *self, int slot)
+{
+    uint64_t seq = 0;
+    (void)Engine_timeline_seq(self, slot, &seq);
+    return seq;
+}
+
+int
+Engine_timeline_seq(Engine *self, int slot, uint64_t *seq)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return -1;
+    Spinlock_acquire(&d->lock);
+    int ret = d->timeline_scope != 0 ? 0 : -1;
+    *seq = d->seq;
     Spinlock_release(&d->lock);
     return ret;
 }

@@ -16,6 +16,7 @@
 #include "memlab_bridge.h"
 #include "scope.h"
 #include "spinlock.h"
+#include "timeline.h"
 
 /* Slot 0 is the CPU, slot 1 + i is cuda:i. */
 #define ENGINE_MAX_DEVICES 65
@@ -63,6 +64,11 @@ typedef struct Device {
     uint64_t dropped;
     uint64_t missed_frees;  /* blocks retired because their address came back */
     int error;
+    /* The timeline of one scope (a test's): kept after the scope closes,
+     * until the next one starts. */
+    Timeline timeline;
+    uint32_t timeline_scope;    /* its scope's id while open, else 0 */
+    int timeline_depth;         /* that scope's index in the stack */
 } Device;
 
 typedef struct Engine {
@@ -108,6 +114,17 @@ int Engine_totals(Engine *self, int slot, int64_t *total, int64_t *reserved);
  * count in all (may exceed cap), or -1 if id is not open. */
 long Engine_blocks(Engine *self, int slot, uint32_t id, Block *out,
                    size_t cap);
+/* Starts the timeline of open scope id (the device's previous timeline is
+ * dropped); -1 if id is not open or out of memory. */
+int Engine_timeline_start(Engine *self, int slot, uint32_t id);
+/* The latest timeline of the device, merged into at most max points of dst;
+ * returns how many, and *seq0 / *last its first and latest event numbers. */
+uint32_t Engine_timeline(Engine *self, int slot, TimelinePoint *dst,
+                         uint32_t max, uint64_t *seq0, uint64_t *last);
+/* The device's event number now: where a mark falls on a timeline. */
+uint64_t Engine_seq(Engine *self, int slot);
+/* Like Engine_seq, for a device whose timeline runs now; -1 when none does. */
+int Engine_timeline_seq(Engine *self, int slot, uint64_t *seq);
 /* Returns and clears the device's sticky error; *dropped gets the count. */
 int Engine_take_error(Engine *self, int slot, uint64_t *dropped);
 

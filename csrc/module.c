@@ -15,6 +15,17 @@
 
 static Engine *the_engine = NULL;
 
+/* The torch bridge's entries, bound by address once it is loaded
+ * (pytest_memlab._core): every measured test pushes and pops the reporter,
+ * and a call from here keeps the GIL where ctypes would drop and retake it
+ * around each one. */
+static struct {
+    int (*install)(memlab_sink_fn, void *, char *, size_t);
+    int (*uninstall)(char *, size_t);
+    void (*set_cpu)(int);
+    void (*set_tracker)(int);
+} bridge;
+
 static int
 check_slot(int slot)
 {
@@ -215,6 +226,169 @@ engine_stats(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
     return result;
 }
 
+/* Only the own live bytes: the leak check asks this of every measured test,
+ * and a dict of every figure would cost more than the answer. */
+static PyObject *
+engine_own(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
+{
+    Scope s;
+    if (n != 2 || !PyLong_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "own(slot, id) takes two ints");
+        return NULL;
+    }
+    long slot = PyLong_AsLong(args[0]);
+    unsigned long id = PyLong_AsUnsignedLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (slot < 0 || slot >= ENGINE_MAX_DEVICES)
+        return PyErr_Format(PyExc_ValueError, "device slot %ld is out of "
+                            "range 0..%d", slot, ENGINE_MAX_DEVICES - 1);
+    if (id > UINT32_MAX
+        || Engine_stats(the_engine, (int)slot, (uint32_t)id, 0, &s) < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "scope %lu is not open on device slot %ld", id, slot);
+        return NULL;
+    }
+    Scope_fini(&s);
+    return PyLong_FromLongLong(s.own);
+}
+
+static PyObject *
+engine_timeline_start(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    unsigned int id;
+    if (!PyArg_ParseTuple(args, "iI:timeline_start", &slot, &id))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (Engine_timeline_start(the_engine, slot, id) < 0)
+        return PyErr_Format(PyExc_ValueError, "cannot start a timeline: "
+                            "scope %u is not open on device slot %d, or out "
+                            "of memory", id, slot);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+engine_timeline(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot, max = TIMELINE_MAX;
+    uint64_t seq0, last;
+    PyObject *points = NULL, *result = NULL;
+    if (!PyArg_ParseTuple(args, "i|i:timeline", &slot, &max))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (max < 1 || max > TIMELINE_MAX)
+        return PyErr_Format(PyExc_ValueError, "timeline: max must be 1..%d",
+                            TIMELINE_MAX);
+    TimelinePoint *buf = malloc((size_t)max * sizeof(TimelinePoint));
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    uint32_t n = Engine_timeline(the_engine, slot, buf, (uint32_t)max,
+                                 &seq0, &last);
+    if ((points = PyList_New(n)) == NULL)
+        goto error;
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *t = Py_BuildValue("(KLLLL)", (unsigned long long)buf[i].seq,
+                                    (long long)buf[i].own_min,
+                                    (long long)buf[i].own_max,
+                                    (long long)buf[i].total_min,
+                                    (long long)buf[i].total_max);
+        if (t == NULL)
+            goto error;
+        PyList_SET_ITEM(points, i, t);
+    }
+    result = Py_BuildValue("(KKO)", (unsigned long long)seq0,
+                           (unsigned long long)last, points);
+error:
+    Py_XDECREF(points);
+    free(buf);
+    return result;
+}
+
+static PyObject *
+engine_seq(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    long slot = PyLong_AsLong(arg);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    if (check_slot((int)slot) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(Engine_seq(the_engine, (int)slot));
+}
+
+static PyObject *
+bridge_bind(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    unsigned long long install, uninstall, set_cpu, set_tracker;
+    if (!PyArg_ParseTuple(args, "KKKK:bridge_bind", &install, &uninstall,
+                          &set_cpu, &set_tracker))
+        return NULL;
+    if (install == 0 || uninstall == 0 || set_cpu == 0 || set_tracker == 0) {
+        PyErr_SetString(PyExc_ValueError, "bridge_bind: a null entry");
+        return NULL;
+    }
+    /* Addresses of functions with the types memlab_bridge.h declares. */
+    bridge.install = (int (*)(memlab_sink_fn, void *, char *, size_t))
+        (uintptr_t)install;
+    bridge.uninstall = (int (*)(char *, size_t))(uintptr_t)uninstall;
+    bridge.set_cpu = (void (*)(int))(uintptr_t)set_cpu;
+    bridge.set_tracker = (void (*)(int))(uintptr_t)set_tracker;
+    Py_RETURN_NONE;
+}
+
+static int
+bridge_check(void)
+{
+    if (bridge.install == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the torch bridge is not bound");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+bridge_push(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    char err[512] = "";
+    if (bridge_check() < 0)
+        return NULL;
+    if (bridge.install(&Engine_sink, the_engine, err, sizeof err) != 0)
+        return PyErr_Format(PyExc_RuntimeError, "%s", err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+bridge_pop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    char err[512] = "";
+    if (bridge_check() < 0)
+        return NULL;
+    if (bridge.uninstall(err, sizeof err) != 0)
+        return PyErr_Format(PyExc_RuntimeError, "%s", err);
+    Py_RETURN_NONE;
+}
+
+/* bridge_flag(which, on): which 0 is CPU reporting, 1 the CUDA tracker. */
+static PyObject *
+bridge_flag(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "bridge_flag(which, on)");
+        return NULL;
+    }
+    long which = PyLong_AsLong(args[0]);
+    int on = PyObject_IsTrue(args[1]);
+    if ((which == -1 && PyErr_Occurred()) || on < 0 || bridge_check() < 0)
+        return NULL;
+    if (which == 0)
+        bridge.set_cpu(on);
+    else
+        bridge.set_tracker(on);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 engine_totals(PyObject *Py_UNUSED(module), PyObject *args)
 {
@@ -401,6 +575,12 @@ tracer_line_stats(PyObject *Py_UNUSED(module), PyObject *arg)
 }
 
 static PyObject *
+tracer_phases(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return Tracer_phases();
+}
+
+static PyObject *
 tracer_reset_lines(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
     return Tracer_reset_lines();
@@ -442,6 +622,27 @@ static PyMethodDef engine_methods[] = {
      "end(slot, scope_id) -> figures of the closed scope."},
     {"stats", (PyCFunction)(void (*)(void))engine_stats, METH_VARARGS | METH_KEYWORDS,
      "stats(slot, scope_id, sites=False) -> figures of an open scope so far (with sites: its site tables too)."},
+    {"own", (PyCFunction)(void (*)(void))engine_own, METH_FASTCALL,
+     "own(slot, id) -> bytes of the open scope's blocks still allocated."},
+    {"timeline_start", engine_timeline_start, METH_VARARGS,
+     "timeline_start(slot, id): the device's timeline follows open scope id "
+     "from now on (the previous one is dropped)."},
+    {"timeline", engine_timeline, METH_VARARGS,
+     "timeline(slot, max=TIMELINE_MAX) -> (seq0, last, [(seq, own_min, "
+     "own_max, total_min, total_max), ...]): the latest timeline, merged "
+     "into at most max points, extremes kept."},
+    {"seq", engine_seq, METH_O,
+     "seq(slot) -> the device's event number now (where a mark falls)."},
+    {"bridge_bind", bridge_bind, METH_VARARGS,
+     "bridge_bind(install, uninstall, set_cpu, set_tracker): the loaded "
+     "bridge's entries, by address."},
+    {"bridge_push", bridge_push, METH_NOARGS,
+     "Pushes the reporter on this thread (RuntimeError with the bridge's "
+     "message if it cannot)."},
+    {"bridge_pop", bridge_pop, METH_NOARGS,
+     "Pops the reporter if it is this thread's innermost profiler state."},
+    {"bridge_flag", (PyCFunction)(void (*)(void))bridge_flag, METH_FASTCALL,
+     "bridge_flag(which, on): 0 CPU reporting, 1 the CUDA trace tracker."},
     {"totals", engine_totals, METH_VARARGS,
      "totals(slot) -> (total, reserved or None), or None if never used."},
     {"blocks", engine_blocks, METH_VARARGS,
@@ -469,6 +670,11 @@ static PyMethodDef engine_methods[] = {
      "tracer_line_stats(slot) -> [(line_id, code, lineno, hits, allocated, "
      "peak_total, peak_reserved, last_total)]: the lines run or allocating "
      "since the last reset, with their figures on device slot 0..3."},
+    {"tracer_phases", tracer_phases, METH_NOARGS,
+     "tracer_phases() -> ([(kind, slot, seq, label)], dropped): the phases "
+     "(1 forward, 2 backward, 3 optimizer step; negated where one ended, "
+     "without a label) since the lines were last "
+     "reset, each on the timeline of every device whose timeline ran."},
     {"tracer_reset_lines", tracer_reset_lines, METH_NOARGS,
      "tracer_reset_lines(): zero the statistics of the lines touched since "
      "the last reset."},
@@ -505,6 +711,7 @@ engine_exec(PyObject *module)
     if (Tracer_init(module, the_engine) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "EVENT_REPORT", EVENT_REPORT) < 0
+        || PyModule_AddIntConstant(module, "TIMELINE_MAX", TIMELINE_MAX) < 0
         || PyModule_AddIntConstant(module, "EVENT_TRACE", EVENT_TRACE) < 0
         || PyModule_AddIntConstant(module, "SLOT_CPU", ENGINE_SLOT_CPU) < 0
         || PyModule_AddIntConstant(module, "MAX_DEVICES",

@@ -1,5 +1,7 @@
 #include "shadow_stack.h"
 
+#include <string.h>
+
 #include <stdlib.h>
 
 ShadowStack *
@@ -16,6 +18,7 @@ ShadowStack_reset(ShadowStack *self)
 {
     atomic_store(&self->depth, 0);
     self->overflow = 0;
+    memset(self->phase_depth, 0, sizeof(self->phase_depth));
 }
 
 static void

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "phases.h"
 #include "sites.h"
 
 #define SHADOW_STACK_DEPTH 128
@@ -27,6 +28,7 @@ typedef struct ShadowStack {
     struct ShadowStack *next;   /* the tracer's list of every thread's stack */
     atomic_int depth;
     int overflow;               /* frames past SHADOW_STACK_DEPTH, not stored */
+    int phase_depth[PHASE_KINDS];   /* phase functions running (phases.h) */
     ShadowFrame frames[SHADOW_STACK_DEPTH];
 } ShadowStack;
 

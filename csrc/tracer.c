@@ -5,12 +5,14 @@
  */
 #include "tracer_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 TracerState T;
 _Thread_local int in_callback;
 static _Thread_local ShadowStack *tls_stack;
+static PhaseLog phase_log;      /* under the GIL: callbacks and the API */
 
 /* -- errors: never raised from a callback ----------------------------- */
 
@@ -75,14 +77,22 @@ Tracer_code_info(PyObject *code)
     if (ci->decided != T.epoch) {
         ci->decided = T.epoch;  /* first: a recursive event sees "out" */
         ci->in_scope = 0;
+        ci->phase = PHASE_NONE;
         if (T.decide != NULL) {
+            /* True: in scope; an int 1 + PHASE_*: a phase function. */
             PyObject *r = PyObject_CallOneArg(T.decide, code);
-            int truth = r == NULL ? -1 : PyObject_IsTrue(r);
+            long verdict = -1;
+            if (r != NULL && PyLong_CheckExact(r))
+                verdict = PyLong_AsLong(r);
+            else if (r != NULL)
+                verdict = PyObject_IsTrue(r);
             Py_XDECREF(r);
-            if (truth < 0)
+            if (verdict < 0 && PyErr_Occurred())
                 Tracer_store_error();
+            else if (verdict > 1 && verdict - 1 < PHASE_KINDS)
+                ci->phase = (int)(verdict - 1);
             else
-                ci->in_scope = truth;
+                ci->in_scope = verdict == 1;
         }
         if (ci->in_scope && ci->code_id == 0) {
             if (PyList_Append(T.codes, code) < 0) {
@@ -118,6 +128,114 @@ Tracer_thread(void)
     T.threads = t;
     tls_stack = t;
     return t;
+}
+
+/* -- phases --------------------------------------------------------------- */
+
+/* The type name of a local of frame (or of the first item of it, a tuple:
+ * the optimizer's step wrapper takes *args), into buf; "" if none. */
+static void
+local_type_name(PyFrameObject *frame, const char *name, int first_item,
+                char *buf, size_t size)
+{
+    buf[0] = '\0';
+    if (frame == NULL)
+        return;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *v = PyFrame_GetVar(frame, name);
+#else
+    PyObject *locals = PyFrame_GetLocals(frame);
+    PyObject *v = NULL;
+    if (locals != NULL) {
+        v = PyMapping_GetItemString(locals, name);
+        Py_DECREF(locals);
+    }
+#endif
+    if (v == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *obj = v;
+    if (first_item) {
+        obj = PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0 ? PyTuple_GET_ITEM(v, 0) : NULL;
+    }
+    if (obj != NULL) {
+        const char *tp = Py_TYPE(obj)->tp_name;
+        const char *dot = strrchr(tp, '.');
+        snprintf(buf, size, "%s", dot != NULL ? dot + 1 : tp);
+    }
+    Py_DECREF(v);
+}
+
+void
+Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
+{
+    /* Only the outermost call of each kind starts a phase: a module's
+     * forward calls its children's, a step may call another's. */
+    if (t == NULL || t->phase_depth[ci->phase]++ > 0)
+        return;
+    char name[PHASE_LABEL], label[PHASE_LABEL];
+    switch (ci->phase) {
+    case PHASE_FORWARD:
+        local_type_name(frame, "self", 0, name, sizeof name);
+        snprintf(label, sizeof label, "forward%s%s", name[0] ? " " : "", name);
+        break;
+    case PHASE_STEP:
+        local_type_name(frame, "args", 1, name, sizeof name);
+        snprintf(label, sizeof label, "%s%sstep", name, name[0] ? "." : "");
+        break;
+    default: {
+        PyCodeObject *code = frame != NULL ? PyFrame_GetCode(frame) : NULL;
+        const char *fn = code != NULL ? PyUnicode_AsUTF8(code->co_name) : NULL;
+        if (fn == NULL)
+            PyErr_Clear();
+        snprintf(label, sizeof label, "%s", fn != NULL && strcmp(fn, "grad") == 0
+                                               ? "autograd.grad" : "backward");
+        Py_XDECREF(code);
+    }
+    }
+    for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
+        uint64_t seq;
+        if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
+            PhaseLog_add(&phase_log, ci->phase, slot, seq, label);
+    }
+}
+
+void
+Tracer_phase_leave(ShadowStack *t, const CodeInfo *ci)
+{
+    if (t == NULL || t->phase_depth[ci->phase] == 0)
+        return;
+    if (--t->phase_depth[ci->phase] > 0)
+        return;
+    /* Its end too, so that a peak can be told to fall inside it. */
+    for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
+        uint64_t seq;
+        if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
+            PhaseLog_add(&phase_log, -ci->phase, slot, seq, "");
+    }
+}
+
+PyObject *
+Tracer_phases(void)
+{
+    PyObject *list = PyList_New(phase_log.n);
+    if (list == NULL)
+        return NULL;
+    for (uint32_t i = 0; i < phase_log.n; i++) {
+        const PhaseRec *r = &phase_log.recs[i];
+        PyObject *t = Py_BuildValue("(iiKs)", r->kind, r->slot,
+                                    (unsigned long long)r->seq, r->label);
+        if (t == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    PyObject *result = Py_BuildValue("(OK)", list,
+                                     (unsigned long long)phase_log.dropped);
+    Py_DECREF(list);
+    return result;
 }
 
 /* -- the allocator's path --------------------------------------------- */
@@ -319,6 +437,7 @@ PyObject *
 Tracer_reset_lines(void)
 {
     LineTable_reset(&T.lines);
+    PhaseLog_reset(&phase_log);
     Py_RETURN_NONE;
 }
 

@@ -30,7 +30,10 @@ PyObject *Tracer_redecide(void);
 /* Lines touched since the last reset, with their figures on one device
  * slot (< LINE_SLOTS). */
 PyObject *Tracer_line_stats(int slot);
+/* Also forgets the phases. */
 PyObject *Tracer_reset_lines(void);
+/* The phases since the last reset: ([(kind, slot, seq, label)], dropped). */
+PyObject *Tracer_phases(void);
 PyObject *Tracer_site(uint32_t site);
 PyObject *Tracer_line(uint32_t line);
 PyObject *Tracer_status(void);

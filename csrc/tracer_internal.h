@@ -28,6 +28,7 @@ typedef struct CodeInfo {
     uint32_t decided;           /* epoch of the decision */
     uint32_t local_run;         /* run in which its local events were set */
     int in_scope;
+    int phase;                  /* a phase function (phases.h), else 0 */
 } CodeInfo;
 
 typedef struct TracerState {
@@ -52,6 +53,7 @@ typedef struct TracerState {
     PyObject *disable;
     PyObject *enabled;          /* code objects with local events this run */
     long ev_local;
+    long ev_phase;              /* local events of a phase function */
     long ev_global;
 } TracerState;
 
@@ -65,6 +67,10 @@ extern _Thread_local int in_callback;
 void Tracer_store_error(void);
 /* The code object's scope decision; NULL on error (stored). */
 CodeInfo *Tracer_code_info(PyObject *code);
+/* A phase function starts or ends on thread t; frame is the starting
+ * function's frame (its self names the module or optimizer), or NULL. */
+void Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame);
+void Tracer_phase_leave(ShadowStack *t, const CodeInfo *ci);
 /* The calling thread's shadow stack, created on first use; NULL when out
  * of memory.  Tracer_thread_if_any never creates one. */
 ShadowStack *Tracer_thread(void);

@@ -35,7 +35,13 @@ trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     PyCodeObject *code = PyFrame_GetCode(frame);
     CodeInfo *ci = Tracer_code_info((PyObject *)code);
     int lines_off = ci != NULL && !ci->in_scope && what != PyTrace_RETURN;
-    if (ci != NULL && ci->in_scope) {
+    if (ci != NULL && ci->phase) {
+        if (what == PyTrace_CALL)
+            Tracer_phase_enter(Tracer_thread(), ci, frame);
+        else if (what == PyTrace_RETURN)
+            Tracer_phase_leave(Tracer_thread_if_any(), ci);
+    }
+    else if (ci != NULL && ci->in_scope) {
         ShadowStack *t = Tracer_thread();
         if (t != NULL) {
             if (what == PyTrace_CALL)

@@ -61,6 +61,7 @@ monitoring_register(void)
         goto error;
     T.ev_local = event_bit(events, "LINE") | event_bit(events, "PY_RETURN")
                  | event_bit(events, "PY_YIELD") | event_bit(events, "PY_RESUME");
+    T.ev_phase = event_bit(events, "PY_RETURN");
     T.ev_global = event_bit(events, "PY_START") | event_bit(events, "PY_UNWIND")
                   | event_bit(events, "PY_THROW");
     if (PyErr_Occurred())
@@ -131,15 +132,20 @@ Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n)
     CodeInfo *ci = Tracer_code_info(code);
     if (ci == NULL)
         MON_LEAVE(Py_None);
-    if (!ci->in_scope)
+    if (!ci->in_scope && !ci->phase)
         MON_LEAVE(T.disable);   /* never again for this code */
     if (ci->local_run != T.run) {
+        /* A phase function only needs its returns (its depth), no lines. */
         ci->local_run = T.run;
         PyObject *r = call_monitoring("set_local_events", "(iOl)", T.tool,
-                                      code, T.ev_local);
+                                      code, ci->phase ? T.ev_phase : T.ev_local);
         if (r == NULL || PyList_Append(T.enabled, code) < 0)
             Tracer_store_error();
         Py_XDECREF(r);
+    }
+    if (ci->phase) {
+        Tracer_phase_enter(Tracer_thread(), ci, PyEval_GetFrame());
+        MON_LEAVE(Py_None);
     }
     ShadowStack *t = Tracer_thread();
     if (t != NULL)
@@ -191,6 +197,8 @@ Tracer_mon_leave(PyObject *m, PyObject *const *args, Py_ssize_t n)
     ShadowStack *t = Tracer_thread_if_any();
     if (ci != NULL && ci->in_scope && t != NULL)
         ShadowStack_pop(t, &T.clock, ci->code_id);
+    else if (ci != NULL && ci->phase)
+        Tracer_phase_leave(t, ci);
     MON_LEAVE(Py_None);
 }
 

@@ -57,12 +57,13 @@ class Bridge:
             getattr(lib, name).restype = None
         self.lib = lib
         self.path = path
+        address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+        _engine.bridge_bind(address(lib.memlab_bridge_install), address(lib.memlab_bridge_uninstall),
+                            address(lib.memlab_bridge_set_cpu), address(lib.memlab_bridge_set_tracker))
         self.tracker = None  # None: not tried; True: attached; str: why not
         self._cpu_users = 0
         self._cuda_users = 0
         self._local = threading.local()  # install depth per thread
-        self._sink = _engine.sink()
-        self._err = ctypes.create_string_buffer(512)  # the bridge's error text, under the GIL
         self._hooks_lock = threading.Lock()
         self._hook_users = 0
         self._saved_hooks = None
@@ -105,16 +106,21 @@ class Bridge:
             self._hooks_parked = False
             self._profiler_hooks(-1)
 
-    def _push(self) -> None:
-        sink, ctx = self._sink
-        err = self._err
-        if self.lib.memlab_bridge_install(sink, ctx, err, len(err)) != 0:
-            raise MemlabCoreError(f"installing the torch bridge failed: {err.value.decode(errors='replace')}")
+    # Pushed and popped through the engine module, which holds the bridge's
+    # entries: a ctypes call would drop and retake the GIL, every test.
+    @staticmethod
+    def _push() -> None:
+        try:
+            _engine.bridge_push()
+        except RuntimeError as exc:
+            raise MemlabCoreError(f"installing the torch bridge failed: {exc}") from None
 
-    def _pop(self) -> None:
-        err = self._err
-        if self.lib.memlab_bridge_uninstall(err, len(err)) != 0:
-            raise MemlabCoreError(f"removing the torch bridge failed: {err.value.decode(errors='replace')}")
+    @staticmethod
+    def _pop() -> None:
+        try:
+            _engine.bridge_pop()
+        except RuntimeError as exc:
+            raise MemlabCoreError(f"removing the torch bridge failed: {exc}") from None
 
     # torch.profiler refuses to start on a thread whose profiler slot holds
     # anything, the reporter included.  While memlab measures, torch's own
@@ -151,7 +157,7 @@ class Bridge:
         before = self._cpu_users > 0
         self._cpu_users += 1 if on else -1
         if (self._cpu_users > 0) != before:
-            self.lib.memlab_bridge_set_cpu(1 if self._cpu_users > 0 else 0)
+            _engine.bridge_flag(0, self._cpu_users > 0)
 
     def cuda(self, on: bool, initialized: bool = True) -> None:
         """Attaches the trace tracker once CUDA is initialised (attached
@@ -165,7 +171,7 @@ class Bridge:
                 rc = self.lib.memlab_bridge_attach_cuda_tracker(err, len(err))
                 self.tracker = True if rc == 0 else err.value.decode(errors="replace")
         self._cuda_users += 1 if on else -1
-        self.lib.memlab_bridge_set_tracker(1 if self._cuda_users > 0 else 0)
+        _engine.bridge_flag(1, self._cuda_users > 0)
 
 
 def _wrap_profiler_hooks(bridge: Bridge):

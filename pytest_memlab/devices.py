@@ -86,7 +86,7 @@ def resolve(core, device: str) -> tuple[str, str]:
             return device, f"CPU memory is measured only through the torch bridge ({core.reason})"
         return device, ""
     cuda = core.torch.cuda
-    if not cuda.is_available():
+    if not cuda_available(core):
         return device, "CUDA is not available"
     if device == "cuda":
         return f"cuda:{current_cuda(cuda)}", ""

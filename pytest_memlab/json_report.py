@@ -34,6 +34,7 @@ def _device(d) -> dict:
         "baseline": d.baseline or None,
         "top": [{"file": t.get("file"), "line": t.get("line"), "function": t.get("function"),
                  "bytes": t.get("bytes"), "peak_total": t.get("peak_total")} for t in d.top],
+        "detail": d.detail,
     }
 
 

@@ -35,6 +35,8 @@ class DeviceFigures:
     allocs: int | None = None
     frees: int | None = None
     estimated: bool = False          # own figures estimated from counters
+    seq_at_peak: int | None = None   # device event number of the own peak
+    timeline: tuple | None = None    # (seq0, last, [(seq, own_min, own_max, total_min, total_max)])
     attribution: Attribution | None = None   # where the own peak came from
     lines: list[LineStat] = field(default_factory=list)
 
@@ -42,11 +44,12 @@ class DeviceFigures:
 class EngineMeter:
     """One scope of the C engine on one device."""
 
-    def __init__(self, core: Core, device: str, detached: bool = False):
+    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False):
         self.core = core
         self.device = device
         self.slot = slot_of(device)
         self.detached = detached
+        self.timeline = timeline    # the device's timeline follows this scope
         self.scope_id: int | None = None
 
     def begin(self) -> None:
@@ -71,7 +74,9 @@ class EngineMeter:
         else:
             bridge.cuda(True, initialized)
         try:
-            self.scope_id = engine.begin(self.slot, detached=self.detached, total=total, reserved=reserved)
+            self.scope_id = engine.begin(self.slot, self.detached, total, reserved)
+            if self.timeline:
+                engine.timeline_start(self.slot, self.scope_id)
         except BaseException:
             self._release()
             raise
@@ -89,7 +94,7 @@ class EngineMeter:
             device=self.device, measured=True, backend=BRIDGE,
             peak=s["peak"], peak_total=s["peak_total"], total_at_peak=s["total_at_peak"],
             reserved_peak=s["reserved_peak"], start_total=s["start_total"], live=s["own"],
-            allocs=s["allocs"], frees=s["frees"],
+            allocs=s["allocs"], frees=s["frees"], seq_at_peak=s["seq_at_peak"],
         )
 
     def stats(self, sites: bool = False) -> DeviceFigures:
@@ -103,9 +108,13 @@ class EngineMeter:
     def total_now(self) -> int:
         return engine.totals(self.slot)[0]
 
+    def seq(self) -> int:
+        """The device's event number now: where a mark falls on the timeline."""
+        return engine.seq(self.slot)
+
     def own_live(self) -> int:
         """Bytes of blocks allocated in this scope and still allocated."""
-        return engine.stats(self.slot, self.scope_id)["own"]
+        return engine.own(self.slot, self.scope_id)
 
     def live_blocks(self) -> list:
         """(addr, size, scope, site) of this scope's blocks still allocated."""
@@ -128,7 +137,7 @@ class CounterMeter:
 
     _open: dict[str, list["CounterMeter"]] = {}
 
-    def __init__(self, core: Core, device: str, detached: bool = False):
+    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False):
         self.core = core
         self.device = device
         self.index = cuda_index(device)
@@ -176,9 +185,9 @@ class CounterMeter:
         return figures
 
 
-def make_meter(core: Core, device: str, detached: bool = False):
+def make_meter(core: Core, device: str, detached: bool = False, timeline: bool = False):
     cls = EngineMeter if core.name == BRIDGE else CounterMeter
-    return cls(core, device, detached)
+    return cls(core, device, detached, timeline)
 
 
 @dataclass
@@ -187,6 +196,9 @@ class Mark:
     time: float
     own: dict = field(default_factory=dict)    # device -> own bytes then
     total: dict = field(default_factory=dict)  # device -> device total then
+    seq: dict = field(default_factory=dict)    # device -> its event number then (the timeline's x)
+    kind: str = "mark"                         # "mark" (memlab.mark) or "phase" (marked by itself)
+    end: dict = field(default_factory=dict)    # a phase: device -> event number where it ended
 
 
 class Measurement:
@@ -197,8 +209,14 @@ class Measurement:
     takes any measured device.
     """
 
-    def __init__(self, core: Core, devices: list[str], trace: bool = True, park: bool = False):
+    # Points of a timeline a report keeps per test and device (the engine
+    # keeps up to TIMELINE_MAX; merging keeps every peak and trough).
+    DETAIL_POINTS = 512
+
+    def __init__(self, core: Core, devices: list[str], trace: bool = True, park: bool = False,
+                 timeline: bool = False):
         self.core = core
+        self.detail = False      # fetch the timelines at the end (a report asked for them)
         self.park = park         # leave the tracer and torch's hooks ready for the next test
         self.trace = trace and core.name == BRIDGE
         self.trace_note = ""
@@ -213,7 +231,7 @@ class Measurement:
             if reason:
                 self.unmeasured[concrete] = reason
             else:
-                self.meters[concrete] = make_meter(core, concrete)
+                self.meters[concrete] = make_meter(core, concrete, timeline=timeline)
         self.devices = list(self.meters) + list(self.unmeasured)
         self.marks: list[Mark] = []
         self.final: dict[str, DeviceFigures] | None = None
@@ -274,6 +292,11 @@ class Measurement:
             for device, fig in figures.items():
                 if fig.measured:
                     fig.lines = line_stats(slot_of(device))
+        if self.detail:
+            for device, meter in self.meters.items():
+                fig = figures.get(device)
+                if fig is not None and fig.measured and isinstance(meter, EngineMeter) and meter.timeline:
+                    fig.timeline = engine.timeline(meter.slot, self.DETAIL_POINTS)
         for device, reason in self.unmeasured.items():
             figures[device] = DeviceFigures(device, False, reason=reason)
         self.final = {d: figures[d] for d in self.devices}
@@ -288,12 +311,12 @@ class Measurement:
         Returns device -> Leak for those that do.  Settling (a garbage
         collection, cuBLAS workspaces, a synchronisation) happens only when
         some device is over at first sight."""
-        from . import leaks
-
         over = [d for d, limit in allowed.items()
                 if isinstance(self.meters.get(d), EngineMeter) and self.meters[d].own_live() > limit]
         if not over:
             return {}
+        from . import leaks
+
         started = time.perf_counter()
         leaks.settle(self.core, over)
         excused, look_past = leaks.released_by_pytest(item) if item is not None else (set(), set())
@@ -355,8 +378,58 @@ class Measurement:
             s = meter.stats()
             mark.own[device] = s.live
             mark.total[device] = meter.total_now()
+            if isinstance(meter, EngineMeter):
+                mark.seq[device] = meter.seq()
         self.marks.append(mark)
         return mark
+
+    def phases(self) -> list[Mark]:
+        """The phases that marked themselves so far (the start of each
+        top-level module forward, of backward, of each optimizer step),
+        with where each ended; empty where the tracer did not run."""
+        if not self._traced_once:
+            return []
+        by_slot = {meter.slot: device for device, meter in self.meters.items() if isinstance(meter, EngineMeter)}
+        marks, open_ = [], {}
+        for kind, slot, seq, label in engine.tracer_phases()[0]:
+            device = by_slot.get(slot)
+            if device is None:
+                continue
+            if kind > 0:
+                mark = Mark(label, 0.0, seq={device: seq}, kind="phase")
+                marks.append(mark)
+                open_[(device, kind)] = mark
+            else:
+                mark = open_.pop((device, -kind), None)
+                if mark is not None:
+                    mark.end[device] = seq
+        return marks
+
+    def timeline_marks(self, device: str) -> list[Mark]:
+        """memlab.mark labels and phases on device's timeline, in order."""
+        marks = [m for m in self.marks + self.phases() if device in m.seq]
+        return sorted(marks, key=lambda m: m.seq[device])
+
+    def context(self, device: str, seq: int | None) -> str:
+        """Where event seq fell among the phases and marks: "during
+        backward, after mark 'after forward'" ("" when nothing marks it)."""
+        if seq is None:
+            return ""
+        words = []
+        phase = mark = None
+        for m in self.timeline_marks(device):
+            if m.seq[device] >= seq:   # a mark at event n came after it: the peak did not
+                break
+            if m.kind == "phase":
+                phase = m
+            else:
+                mark = m
+        if phase is not None:
+            ended = phase.end.get(device)
+            words.append(f"during {phase.label}" if ended is None or seq <= ended else f"after {phase.label}")
+        if mark is not None:
+            words.append(f"after mark {mark.label!r}")
+        return ", ".join(words)
 
     def tensors(self, device: str | None = None, verbose: bool = False):
         """The storage report now (pytorch_memlab's MemReporter report, with

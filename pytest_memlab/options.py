@@ -12,26 +12,22 @@ from pathlib import Path
 from .baseline import DEFAULT_TOLERANCE
 from .sizes import SizeError, Tolerance, parse_tolerance
 
-REPORT_KINDS = ("term", "json:PATH")
+REPORT_KINDS = ("term", "json:PATH", "html:PATH")
 
 
 def report_spec(value: str) -> tuple[str, ...]:
-    """Checks --memlab-report=SPEC at parse time: a comma list of ``term``
-    and ``json:PATH``."""
+    """Checks --memlab-report=SPEC at parse time: a comma list of ``term``,
+    ``json:PATH`` and ``html:PATH``."""
     parts = tuple(p.strip() for p in value.split(",") if p.strip()) or ("term",)
     for part in parts:
         kind, _, path = part.partition(":")
-        if kind == "json":
+        if kind in ("json", "html"):
             if not path.strip():
-                raise argparse.ArgumentTypeError(f"{part!r} names no file (write json:PATH)")
+                raise argparse.ArgumentTypeError(f"{part!r} names no file (write {kind}:PATH)")
             continue
-        if kind == "html":
-            raise argparse.ArgumentTypeError(
-                f"{part!r}: the html report is not available in this version of pytest-memlab (use term, json:PATH)"
-            )
         if part != "term":
             raise argparse.ArgumentTypeError(
-                f"{part!r} is not a report (expected a comma list of: term, json:PATH)"
+                f"{part!r} is not a report (expected a comma list of: term, json:PATH, html:PATH)"
             )
     return parts
 
@@ -119,12 +115,17 @@ def add_options(parser) -> None:
     group.addoption(
         "--memlab-report", nargs="?", action=ReportAction, default=None, metavar="SPEC",
         help="report the measured tests; implies --memlab.  --memlab-report alone is the terminal table; "
-             "--memlab-report=SPEC a comma list of: term, json:PATH (ini: memlab_report)",
+             "--memlab-report=SPEC a comma list of: term, json:PATH, html:PATH (ini: memlab_report)",
     )
     group.addoption(
         "--memlab-json", default=None, metavar="PATH",
         help="write the JSON report (schema: pytest_memlab/report.schema.json) to PATH; implies --memlab "
              "(ini: memlab_json)",
+    )
+    group.addoption(
+        "--memlab-html", default=None, metavar="PATH",
+        help="write the HTML report (one self-contained file: per test its memory timeline, lines and leaks) "
+             "to PATH; implies --memlab (ini: memlab_html)",
     )
     group.addoption(
         "--memlab-require-cuda", action="store_true", default=None,
@@ -199,6 +200,7 @@ def add_options(parser) -> None:
     parser.addini("memlab_include", type="linelist", default=[], help="as --memlab-include")
     parser.addini("memlab_report", default="", help="report spec, as --memlab-report")
     parser.addini("memlab_json", default="", help="as --memlab-json (relative to the rootdir)")
+    parser.addini("memlab_html", default="", help="as --memlab-html (relative to the rootdir)")
     parser.addini("memlab_require_cuda", type="bool", default=False, help="as --memlab-require-cuda")
 
 
@@ -227,6 +229,15 @@ class Options:
     @property
     def json_paths(self) -> list[str]:
         return [part.split(":", 1)[1] for part in self.report or () if part.startswith("json:")]
+
+    @property
+    def html_paths(self) -> list[str]:
+        return [part.split(":", 1)[1] for part in self.report or () if part.startswith("html:")]
+
+    @property
+    def detail(self) -> bool:
+        """Whether a report shows timelines and marks (fetched per test only then)."""
+        return any(part.startswith(("json:", "html:")) for part in self.report or ())
 
     @property
     def terminal_table(self) -> bool:
@@ -289,13 +300,14 @@ class Options:
                 gpus = positive_int(config.getini("memlab_gpus_per_worker").strip())
             except argparse.ArgumentTypeError as exc:
                 raise pytest.UsageError(f"ini memlab_gpus_per_worker: {exc}") from None
-        json_path = config.getoption("memlab_json")
-        if json_path is None and config.getini("memlab_json").strip():
-            json_path = str(config.rootpath / config.getini("memlab_json").strip())
-        if json_path is not None:
-            if not json_path.strip():
-                raise pytest.UsageError("--memlab-json names no file (write --memlab-json=PATH)")
-            report = tuple(report or ()) + (f"json:{json_path}",)
+        for kind in ("json", "html"):
+            path = config.getoption(f"memlab_{kind}")
+            if path is None and config.getini(f"memlab_{kind}").strip():
+                path = str(config.rootpath / config.getini(f"memlab_{kind}").strip())
+            if path is not None:
+                if not path.strip():
+                    raise pytest.UsageError(f"--memlab-{kind} names no file (write --memlab-{kind}=PATH)")
+                report = tuple(report or ()) + (f"{kind}:{path}",)
         return cls(
             baseline=baseline,
             update_baseline=update,

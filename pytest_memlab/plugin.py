@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ._core import BRIDGE
-from . import json_report
+from ._core import BRIDGE, MemlabCoreError, core
+from . import html_report, json_report
 from .baseline import Baseline, BaselineError, compare, environment_differences, environment_info, stale_entries, update
 from .devices import cuda_available, default_device
 from .markers import MARKERS, MarkerError, MemorySpec, specs_for
@@ -110,7 +110,7 @@ def _gpu_plan(config, per: int) -> str:
     return ""
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     """One run of one test's protocol, while memlab measures it."""
 
@@ -129,6 +129,7 @@ class Running:
     names: dict = field(default_factory=dict)     # concrete device -> name as asked ("cuda", "cpu")
     changes: dict = field(default_factory=dict)   # device -> baseline.Change
     repeating: bool = False
+    judged: bool = False                  # anything to judge before teardown: budgets, notes, a baseline
     growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
     error: str = ""                       # memlab's own trouble
 
@@ -239,16 +240,16 @@ class MemlabPlugin:
     def _begin(self, item, specs) -> str | None:
         """Opens the measurement; returns a failure to raise when a backend
         that MEMLAB_CORE required is missing."""
-        from ._core import MemlabCoreError, core
-
         running = item.stash[RUNNING] = Running(specs, nodeid=item.nodeid)
         try:
             c = core()
             if not self.backend:
                 self.backend = f"{c.name}: {c.reason}"
             requested = [self._requested(c, spec) for spec in specs]
-            measurement = Measurement(c, list(dict.fromkeys(requested)), park=True)
+            measurement = Measurement(c, list(dict.fromkeys(requested)), park=True, timeline=True)
+            measurement.detail = self.options.detail
             running.devices = [(spec, measurement.resolved[r]) for spec, r in zip(specs, requested)]
+            running.judged = self.baseline is not None or any(spec.marked for spec in specs)
             running.names = {measurement.resolved[r]: r for r in requested}
             if self.baseline is not None:
                 self._env_name(c)
@@ -397,8 +398,8 @@ class MemlabPlugin:
 
     def _judge(self, running: Running, report, final: bool) -> None:
         measurement = running.measurement
-        if measurement is None:
-            return
+        if measurement is None or not (running.judged or running.leaks or running.growth):
+            return   # an unmarked test, no baseline, nothing left behind: the common case
         failures, notes = [], []
         for spec, device in running.devices:
             if device in measurement.unmeasured:
@@ -418,7 +419,8 @@ class MemlabPlugin:
                 figures = measurement.figures(device, sites=True)  # where the peak came from
             for e in new:
                 running.failed[e.key] = e
-                failures.append(budget_failure(e, figures, self.options.top))
+                context = measurement.context(device, figures.seq_at_peak) if e.what == "peak" else ""
+                failures.append(budget_failure(e, figures, self.options.top, context))
         failures += self._compare(running, final)
         if final:
             for device, kept in running.growth.items():
@@ -482,7 +484,8 @@ class MemlabPlugin:
                 if not final:
                     figures = measurement.figures(device, sites=True)  # where the peak came from
                 running.failed[change.key] = change
-                failures.append(baseline_failure(change, figures, self.options.top))
+                failures.append(baseline_failure(change, figures, self.options.top,
+                                                 measurement.context(device, figures.seq_at_peak)))
         return failures
 
     def _result(self, nodeid: str, running: Running) -> TestResult:
@@ -498,7 +501,33 @@ class MemlabPlugin:
                     d.baseline_peak, d.baseline = change.old, change.kind
                 elif self.baseline is not None and figures.measured:
                     d.baseline = "new"
+                if self.options.detail and figures.measured:
+                    d.detail = self._detail(device, figures, running)
         return result
+
+    def _detail(self, device: str, figures, running: Running) -> dict:
+        """What the JSON and HTML reports show of one device beyond the
+        figures: the timeline (x: allocator events since the test began;
+        each point the min and max of own and total bytes over its span),
+        the marks and phases on it, where the own peak fell and the line
+        that reached it, and the leak report."""
+        seq0, last, points = figures.timeline or (0, 0, [])
+        marks = [{"label": m.label, "kind": m.kind, "at": m.seq[device] - seq0}
+                 for m in running.measurement.timeline_marks(device)]
+        peak_at = peak_line = None
+        if figures.seq_at_peak is not None and figures.peak:
+            peak_at = figures.seq_at_peak - seq0
+            chain = figures.attribution.peak_chain if figures.attribution is not None else []
+            peak_line = str(chain[0]) if chain else None
+        leak = running.leaks.get(device)
+        return {
+            "events": last - seq0,
+            "timeline": [[seq - seq0, lo, hi, tlo, thi] for seq, lo, hi, tlo, thi in points],
+            "marks": marks,
+            "peak_at": peak_at,
+            "peak_line": peak_line,
+            "leak": leak_report(leak, self.options.top) if leak is not None else None,
+        }
 
     # -- reporting ------------------------------------------------------------
     def pytest_runtest_logreport(self, report):
@@ -550,13 +579,15 @@ class MemlabPlugin:
                 self.write_failed = True
                 self.baseline_lines.append((f"pytest-memlab: the baseline {self.options.baseline} was not "
                                             f"written: {type(exc).__name__}: {exc}", True))
-        for path in self.options.json_paths:
+        reports = [("JSON", path, json_report) for path in self.options.json_paths]
+        reports += [("HTML", path, html_report) for path in self.options.html_paths]
+        for kind, path, module in reports:
             try:
-                json_report.write(path, self.results, self._run_environment(), self._run_backend())
-                self.baseline_lines.append((f"JSON report: {path}", False))
+                module.write(path, self.results, self._run_environment(), self._run_backend())
+                self.baseline_lines.append((f"{kind} report: {path}", False))
             except Exception as exc:
                 self.write_failed = True
-                self.baseline_lines.append((f"pytest-memlab: the JSON report {path} was not written: "
+                self.baseline_lines.append((f"pytest-memlab: the {kind} report {path} was not written: "
                                             f"{type(exc).__name__}: {exc}", True))
         if self.write_failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -12,13 +12,18 @@ figures and budgets, ``memlab.DEVICE.top`` (JSON) for the heaviest lines,
 then do not go into a baseline), ``memlab.DEVICE.name`` for the device as
 the test asked for it (the baseline's key: ``cuda`` for the current CUDA
 device), ``memlab.DEVICE.baseline`` for the comparison's outcome
-(``regressed``, ``improved``, ``same``, ``new``).
+(``regressed``, ``improved``, ``same``, ``new``), and, only when a JSON or
+HTML report is written, ``memlab.DEVICE.detail`` (JSON: the timeline, the
+marks and phases, where the peak fell, the leak report).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring
+
+_TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": %d}'
 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak")
@@ -43,6 +48,8 @@ class DeviceResult:
     name: str = ""                   # as the test asked for it: the baseline's key
     baseline_peak: int | None = None
     baseline: str = ""               # "regressed", "improved", "same", "new" or "" (no baseline)
+    # What the JSON and HTML reports show besides (filled only when one is asked for):
+    detail: dict | None = None       # timeline, marks, peak_at, peak_line, leak (see plugin._detail)
 
     def baseline_entry(self) -> dict:
         """The figures a baseline file keeps for this device."""
@@ -57,12 +64,18 @@ class DeviceResult:
             result.peak_total = figures.peak_total
             result.reserved_peak = figures.reserved_peak
             result.leaked = figures.live
-            heaviest = sorted((ln for ln in figures.lines if ln.allocated > 0), key=lambda ln: -ln.allocated)
-            result.top = [{**ln.frame.as_dict(), "bytes": ln.allocated, "peak_total": ln.peak_total}
-                          for ln in heaviest[:top]]
+            lines = [ln for ln in figures.lines if ln.allocated > 0]
+            if lines:
+                lines.sort(key=_allocated, reverse=True)
+                result.top = [{**ln.frame.as_dict(), "bytes": ln.allocated, "peak_total": ln.peak_total}
+                              for ln in lines[:top]]
         if spec is not None and spec.marked:
             result.max, result.max_total, result.max_reserved = spec.max, spec.max_total, spec.max_reserved
         return result
+
+
+def _allocated(line) -> int:
+    return line.allocated
 
 
 @dataclass
@@ -86,30 +99,57 @@ class TestResult:
         return not self.user_failed and not self.error and self.outcome in ("passed", "failed", "error")
 
 
+_KEYS: dict[str, tuple] = {}   # device -> its property names, made once
+
+
+def _keys(device: str) -> tuple:
+    keys = _KEYS.get(device)
+    if keys is None:
+        p = f"{PREFIX}{device}."
+        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline",
+                                tuple((key, p + key) for key in _INT_KEYS), p + "top", p + "detail")
+    return keys
+
+
 def encode(result: TestResult) -> list[tuple[str, object]]:
     props: list[tuple[str, object]] = []
+    add = props.append
     for device, d in result.devices.items():
-        p = f"{PREFIX}{device}."
+        measured, reason, name, baseline, ints, top, detail = _keys(device)
         if not d.measured:
-            props += [(p + "measured", "false"), (p + "reason", d.reason)]
-        for key in ("name", "baseline"):
-            if getattr(d, key):
-                props.append((p + key, getattr(d, key)))
-        for key in _INT_KEYS:
+            add((measured, "false"))
+            add((reason, d.reason))
+        if d.name:
+            add((name, d.name))
+        if d.baseline:
+            add((baseline, d.baseline))
+        for key, prop in ints:
             value = getattr(d, key)
             if value is not None:
-                props.append((p + key, value))
+                add((prop, value))
         if d.top:
-            props.append((p + "top", json.dumps(d.top)))
+            add((top, _top_json(d.top)))
+        if d.detail is not None:
+            add((detail, json.dumps(d.detail, separators=(",", ":"))))
     if result.failed:
-        props.append((PREFIX + "failed", json.dumps(result.failed)))
+        add((PREFIX + "failed", json.dumps(result.failed)))
     if result.warned:
-        props.append((PREFIX + "warned", json.dumps(result.warned)))
+        add((PREFIX + "warned", json.dumps(result.warned)))
     if result.error:
-        props.append((PREFIX + "error", result.error))
+        add((PREFIX + "error", result.error))
     if result.user_failed:
-        props.append((PREFIX + "user_failed", "true"))
+        add((PREFIX + "user_failed", "true"))
     return props
+
+
+def _top_json(top: list) -> str:
+    """json.dumps of the heaviest lines, for rows of the one known shape
+    without the encoder's generality (this runs for every measured test)."""
+    try:
+        return "[" + ", ".join(_TOP_ROW % (encode_basestring(r["file"]), r["line"], encode_basestring(r["function"]),
+                                           r["bytes"], r["peak_total"]) for r in top) + "]"
+    except (KeyError, TypeError):
+        return json.dumps(top)
 
 
 def decode(nodeid: str, props) -> TestResult | None:
@@ -134,6 +174,8 @@ def decode(nodeid: str, props) -> TestResult | None:
         dev = result.devices.setdefault(device, DeviceResult(device))
         if key == "top":
             dev.top = json.loads(value)
+        elif key == "detail":
+            dev.detail = json.loads(value)
         elif key == "measured":
             dev.measured = str(value) != "false"
         elif key in _STR_KEYS:

@@ -6,16 +6,20 @@ from __future__ import annotations
 from .sizes import format_size
 
 
-def describe_attribution(attribution, peak: int, top: int) -> list[str]:
-    """Where the own peak was reached and what was live then, by site."""
+def describe_attribution(attribution, peak: int, top: int, context: str = "") -> list[str]:
+    """Where the own peak was reached (with the phase and mark it fell
+    after: context) and what was live then, by site."""
     at_peak = attribution.at_peak
     peak_chain = attribution.peak_chain
     if not at_peak and not peak_chain:
-        return []
+        return [f"  peak reached {context}"] if context else []
     lines = []
     if peak_chain:
-        lines.append(f"  peak reached in {peak_chain[0]}")
+        where = f"{context}, in" if context else "in"
+        lines.append(f"  peak reached {where} {peak_chain[0]}")
         lines.extend(f"                <- {caller}" for caller in peak_chain[1:])
+    elif context:
+        lines.append(f"  peak reached {context}")
     lines.append("  live at the peak, by the line that allocated it (user call chain):")
     for entry in at_peak[:top]:
         share = f"{100 * entry.bytes / peak:.0f}%" if peak else ""
@@ -34,14 +38,14 @@ def describe_attribution(attribution, peak: int, top: int) -> list[str]:
     return lines
 
 
-def budget_failure(exceeded, figures, top: int = 5) -> str:
+def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
     """A budget failure, shortest first: the figure, the budget and the
     excess; then where the own peak was reached and what was live then."""
     e = exceeded
     lines = [f"{e.device} {e.what} {format_size(e.value)} exceeds {e.budget_name} {format_size(e.budget)} "
              f"by {format_size(e.value - e.budget)}"]
     if figures.attribution is not None and figures.peak:
-        lines += describe_attribution(figures.attribution, figures.peak, top)
+        lines += describe_attribution(figures.attribution, figures.peak, top, context)
     lines.append(f"  exactly {e.value} B against {e.budget} B")
     if figures.estimated:
         lines.append(f"  ({figures.reason})")
@@ -179,7 +183,7 @@ def _change_words(c) -> str:
     return f"peak {verb} from {format_size(c.old)} to {format_size(c.new)} ({pct})"
 
 
-def baseline_failure(change, figures, top: int = 5) -> str:
+def baseline_failure(change, figures, top: int = 5, context: str = "") -> str:
     """A regression (or, with --memlab-fail-on-improvement, an improvement)
     against the baseline: old and new figure, the change, the tolerance
     and the file; for a regression, where the peak came from."""
@@ -187,7 +191,7 @@ def baseline_failure(change, figures, top: int = 5) -> str:
     if c.kind == "regressed":
         lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
         if figures.attribution is not None and figures.peak:
-            lines += describe_attribution(figures.attribution, figures.peak, top)
+            lines += describe_attribution(figures.attribution, figures.peak, top, context)
         lines.append(f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "
                      f"{c.allowed} B more")
     else:

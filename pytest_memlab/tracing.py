@@ -29,6 +29,37 @@ from ._core import engine
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 WINDOWED = sys.version_info < (3, 12)
 
+# Phase functions: the scope decision returns 1 + the kind for them
+# (csrc/phases.h), and the tracer marks their outermost call on the test's
+# timeline.  No hook is registered with torch: its state stays as it is.
+PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP = 1, 2, 3
+PHASE_NAMES = {PHASE_FORWARD: "forward", PHASE_BACKWARD: "backward", PHASE_STEP: "step"}
+
+
+def _phase_codes() -> dict:
+    """code object -> decision for torch's phase functions, where torch is
+    imported (never importing it) and has them."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    found = {}
+    try:
+        found[torch.nn.Module.__call__.__code__] = 1 + PHASE_FORWARD
+    except AttributeError:
+        pass
+    for name in ("backward", "grad"):
+        fn = getattr(getattr(torch, "autograd", None), name, None)
+        if hasattr(fn, "__code__"):
+            found[fn.__code__] = 1 + PHASE_BACKWARD
+    try:
+        # Every optimizer's step runs through this wrapper once the
+        # optimizer exists (Optimizer.profile_hook_step): one code object.
+        wrapper = torch.optim.Optimizer.profile_hook_step(lambda *a, **k: None)
+        found[wrapper.__code__] = 1 + PHASE_STEP
+    except Exception:
+        pass
+    return found
+
 
 def _library_roots() -> tuple[str, ...]:
     roots = set()
@@ -51,6 +82,7 @@ class Scope:
         self.include: tuple[str, ...] = ()
         self.codes: dict[object, int] = {}   # code -> how many profilers hold it
         self.paths_on = False                # the plugin's path rule is in force
+        self.phases: dict = {}               # torch's phase functions -> decision
         self._by_file: dict[str, bool] = {}
         self._libs = _library_roots()
 
@@ -75,11 +107,14 @@ class Scope:
         return not any(path.startswith(lib + os.sep) for lib in self._libs if lib != self.rootdir
                        and not self.rootdir.startswith(lib + os.sep))
 
-    def __call__(self, code) -> bool:
+    def __call__(self, code) -> bool | int:
         if code in self.codes:
             return True
         if not self.paths_on:
             return False
+        phase = self.phases.get(code)
+        if phase is not None:
+            return phase
         filename = code.co_filename
         verdict = self._by_file.get(filename)
         if verdict is None:
@@ -133,6 +168,8 @@ class Tracing:
                 self.off_reason = reason
                 self._forget(paths, codes)
                 return False
+            if not self.scope.phases and "torch" in sys.modules:
+                self.scope.phases = _phase_codes()
             engine.tracer_start(self.scope)
         elif changed:
             engine.tracer_redecide()

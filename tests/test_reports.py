@@ -1,7 +1,13 @@
-"""Reports: the option's spellings and the JSON report (its schema, its
-figures from real allocations, under pytest-xdist too)."""
+"""Reports: the option's spellings, the JSON report (its schema, its
+figures from real allocations, under pytest-xdist too), the timelines in
+it, and the HTML report rendered by a real browser."""
 
 import json
+import os
+import shutil
+import struct
+import subprocess
+import zlib
 
 import pytest
 
@@ -118,9 +124,9 @@ def test_a_path_after_the_bare_flag_is_a_path(inner):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("xml", "'xml' is not a report (expected a comma list of: term, json:PATH)"),
+    ("xml", "'xml' is not a report (expected a comma list of: term, json:PATH, html:PATH)"),
     ("json:", "'json:' names no file (write json:PATH)"),
-    ("html:x.html", "'html:x.html': the html report is not available in this version*"),
+    ("html:", "'html:' names no file (write html:PATH)"),
 ])
 def test_a_bad_report_spec_is_a_usage_error(inner, spec, message):
     inner.makepyfile(test_suite=SUITE)
@@ -136,3 +142,229 @@ def test_an_unwritable_json_report_is_said_and_fails_the_run(inner):
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["pytest-memlab: the JSON report blocked/r.json was not written: *"])
+
+
+TIMELINE_SUITE = """
+import pytest, torch
+MiB = 2**20
+pytestmark = pytest.mark.cpu_memory
+
+def test_steps(memlab):
+    a = torch.empty(MiB, dtype=torch.uint8)
+    memlab.mark("one MiB")
+    b = torch.empty(2 * MiB, dtype=torch.uint8)
+    del a
+    memlab.mark("two MiB")
+    del b
+
+def test_many_events():
+    keep = []
+    for i in range(20000):
+        t = torch.empty(64, dtype=torch.uint8)
+        if i == 12345:
+            keep.append(torch.empty(5 * MiB, dtype=torch.uint8))
+    del keep
+"""
+
+
+def test_the_json_report_carries_timelines_marks_and_the_peak(inner):
+    inner.makepyfile(test_timeline=TIMELINE_SUITE)
+    result = inner.runpytest_inprocess("--memlab-json=r.json")
+    result.assert_outcomes(passed=2)
+    data = json.loads((inner.path / "r.json").read_text())
+    validate(data)
+    tests = {t["nodeid"].split("::")[1]: t["devices"]["cpu"] for t in data["tests"]}
+    steps = tests["test_steps"]
+    detail = steps["detail"]
+    MiB = 2**20
+    # allocations: 1 MiB, then 2 MiB (peak 3 MiB), then frees: 4 events
+    assert detail["events"] == 4
+    assert [p[2] for p in detail["timeline"]] == [0, MiB, 3 * MiB, 2 * MiB, 0]
+    assert [(m["label"], m["kind"], m["at"]) for m in detail["marks"]] == [("one MiB", "mark", 1),
+                                                                         ("two MiB", "mark", 3)]
+    assert detail["peak_at"] == 2 and steps["peak"] == 3 * MiB
+    assert detail["peak_line"].startswith(f"test_timeline.py:{line_no(inner.path / 'test_timeline.py', 'b = torch.empty')} test_steps")
+    many = tests["test_many_events"]["detail"]
+    # 40002 events (20000 short-lived tensors and the list's 5 MiB one,
+    # each allocated and freed) merged into at most 512 points: the spike
+    # survives at its exact height (5 MiB, and two 64-byte tensors while
+    # the loop's next one is allocated before the last one goes)
+    assert many["events"] == 40002
+    assert len(many["timeline"]) <= 512
+    assert max(p[2] for p in many["timeline"]) == 5 * MiB + 128 == tests["test_many_events"]["peak"]
+    assert min(p[1] for p in many["timeline"][1:]) == 0
+    xs = [p[0] for p in many["timeline"]]
+    assert xs == sorted(xs) and xs[0] == 0
+
+
+def test_timelines_are_fetched_only_for_a_report_that_shows_them(inner):
+    inner.makepyfile(test_timeline=TIMELINE_SUITE)
+    result = inner.runpytest_inprocess("--memlab-report", "--junitxml=j.xml")
+    result.assert_outcomes(passed=2)
+    junit = (inner.path / "j.xml").read_text()
+    assert "memlab.cpu.peak" in junit and "memlab.cpu.detail" not in junit
+
+
+def _png_pixels(path):
+    """(width, height, rows of RGB tuples) of an 8-bit RGB or RGBA PNG, the
+    kind Chromium writes; enough of PNG for the check below."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", chunk[:10])
+            assert depth == 8 and color in (2, 6), (depth, color)
+            bpp = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x * bpp:x * bpp + 3]) for x in range(width)])
+        prev = line
+    return width, height, rows
+
+
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+TRAINING_SUITE = """
+import pytest, torch, torch.nn as nn
+pytestmark = pytest.mark.cpu_memory
+
+def test_training_step(memlab):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(512, 256)
+    loss = model(x).sum()
+    memlab.mark("after forward")
+    loss.backward()
+    opt.step()
+
+def test_small():
+    torch.ones(16)
+"""
+
+
+def test_the_html_report_is_one_file_that_a_browser_draws(inner, tmp_path):
+    inner.makepyfile(test_train=TRAINING_SUITE)
+    result = inner.runpytest_inprocess("--memlab-report=term,html:out/r.html")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["HTML report: out/r.html"])
+    page = (inner.path / "out" / "r.html").read_text()
+    # self-contained: no script, style, image or font from anywhere
+    assert "<link" not in page and " src=" not in page and "@import" not in page and "url(" not in page
+    assert "test_train.py::test_training_step" in page
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (ci/install installs Debian's chromium)")
+    # index order: test_small, test_training_step
+    url = (inner.path / "out" / "r.html").as_uri() + "#test=1"
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+              "--window-size=1200,1000", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "data-errors" not in dom.stdout.split("<body", 1)[0], dom.stdout[:500]  # no script error
+    assert "Uncaught" not in dom.stderr
+    assert '<svg width="900" height="300" class="timeline"' in dom.stdout
+    assert 'class="peak-label"' in dom.stdout and ">own peak " in dom.stdout
+    assert f"at test_train.py:{line_no(inner.path / 'test_train.py', 'loss.backward()')} test_training_step" in dom.stdout
+    assert ">after forward</text>" in dom.stdout
+    shot = tmp_path / "shot.png"
+    run = subprocess.run(common + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
+    width, height, rows = _png_pixels(shot)
+    assert (width, height) == (1200, 1000)
+    # the own-bytes line (#d62728) and the peak's dot are drawn
+    red = sum(1 for row in rows for px in row if abs(px[0] - 0xd6) < 12 and abs(px[1] - 0x27) < 12
+              and abs(px[2] - 0x28) < 12)
+    assert red > 500, red
+
+
+PHASES_SUITE = """
+import pytest, torch, torch.nn as nn
+pytestmark = pytest.mark.cpu_memory
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+
+    def forward(self, x):
+        return self.body(x)
+
+def test_two_steps(memlab):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        loss = model(torch.randn(32, 64)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    memlab.mark("done")
+
+def test_a_forward_that_raises_leaves_no_phase_open():
+    model = Net()
+    with pytest.raises(RuntimeError):
+        model(torch.randn(3, 5))        # wrong width: raises inside forward
+    model(torch.randn(3, 64))
+
+@pytest.mark.cpu_memory(max="64KiB")
+def test_peak_in_backward():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    x = torch.randn(512, 256)
+    loss = model(x).sum()
+    loss.backward()
+
+def test_compiled_fullgraph():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    fn = torch.compile(model, fullgraph=True, backend="eager")
+    assert fn(torch.ones(2, 8)).shape == (2, 8)
+"""
+
+
+def test_phases_mark_themselves_on_the_timeline(inner):
+    inner.makepyfile(test_phases=PHASES_SUITE)
+    result = inner.runpytest_inprocess("--memlab-json=r.json", "-W", "error")
+    result.assert_outcomes(passed=3, failed=1)
+    data = json.loads((inner.path / "r.json").read_text())
+    validate(data)
+    tests = {t["nodeid"].split("::")[1]: t["devices"]["cpu"] for t in data["tests"]}
+    marks = tests["test_two_steps"]["detail"]["marks"]
+    # the top-level module's forward only (not its children's), each backward and step
+    assert [(m["kind"], m["label"]) for m in marks] == [
+        ("phase", "forward Net"), ("phase", "backward"), ("phase", "SGD.step"),
+        ("phase", "forward Net"), ("phase", "backward"), ("phase", "SGD.step"), ("mark", "done")]
+    ats = [m["at"] for m in marks]
+    # in event order; the frees of the test's locals come after its last line
+    assert ats == sorted(ats) and ats[-1] < tests["test_two_steps"]["detail"]["events"]
+    raised = tests["test_a_forward_that_raises_leaves_no_phase_open"]["detail"]["marks"]
+    assert [m["label"] for m in raised] == ["forward Net", "forward Net"]
+    # the failure says in which phase the peak fell
+    result.stdout.fnmatch_lines(["cpu peak * exceeds max 64.0 KiB by *",
+                                 "  peak reached during backward, in test_phases.py:* test_peak_in_backward: "
+                                 "loss.backward()"])
+    peak = tests["test_peak_in_backward"]["detail"]
+    backward = next(m["at"] for m in peak["marks"] if m["label"] == "backward")
+    assert peak["peak_at"] > backward
