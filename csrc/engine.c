@@ -34,6 +34,7 @@ Device_free(Device *d)
     ScopeStack_fini(&d->stack);
     Ledger_fini(&d->ledger);
     Timeline_fini(&d->timeline);
+    AllocLog_fini(&d->alloc_log);
     free(d);
 }
 
@@ -186,6 +187,8 @@ Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
                                 : attribute(e->attribute_ctx, slot, size,
                                         Device_total(d), Device_reserved(d));
     ScopeStack_on_alloc(&d->stack, size, b->site, Device_total(d), d->seq);
+    if (d->alloc_log_scope != 0)
+        AllocLog_add(&d->alloc_log, addr, size, b->site);
 }
 
 static void
@@ -198,6 +201,8 @@ Device_release(Device *d, uintptr_t addr, int source)
         Device_add_total(d, -old.size);
     ScopeStack_on_resize(&d->stack, old.floor, old.scope, old.site, -old.size,
                          1, Device_total(d), d->seq);
+    if (d->alloc_log_scope != 0)
+        AllocLog_add(&d->alloc_log, addr, -old.size, old.site);
 }
 
 static void
@@ -294,6 +299,8 @@ Engine_end(Engine *self, int slot, uint32_t id, Scope *out)
         goto error;
     if (id == d->timeline_scope)
         d->timeline_scope = 0;
+    if (id == d->alloc_log_scope)
+        d->alloc_log_scope = 0;
     if (d->stack.depth == 0) {
         /* Nothing is measured any more: blocks still held cannot be
          * followed reliably (CPU reporting stops), so forget them. */
@@ -344,6 +351,37 @@ Engine_timeline(Engine *self, int slot, TimelinePoint *dst, uint32_t max,
     *last = d->timeline.last;
     Spinlock_release(&d->lock);
     return n;
+}
+
+int
+Engine_alloc_log_start(Engine *self, int slot, uint32_t id, uint32_t max)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return -1;
+    int ret = -1;
+    Spinlock_acquire(&d->lock);
+    if (ScopeStack_find(&d->stack, id) != NULL) {
+        AllocLog_start(&d->alloc_log, max);
+        d->alloc_log_scope = id;
+        ret = 0;
+    }
+    Spinlock_release(&d->lock);
+    return ret;
+}
+
+AllocEntry *
+Engine_alloc_log_take(Engine *self, int slot, uint32_t *n, uint64_t *dropped)
+{
+    Device *d = Engine_device(self, slot, 0);
+    *n = 0;
+    *dropped = 0;
+    if (d == NULL)
+        return NULL;
+    Spinlock_acquire(&d->lock);
+    AllocEntry *entries = AllocLog_take(&d->alloc_log, n, dropped);
+    Spinlock_release(&d->lock);
+    return entries;
 }
 
 uint64_t

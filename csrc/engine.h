@@ -17,6 +17,7 @@
 #include "scope.h"
 #include "spinlock.h"
 #include "timeline.h"
+#include "alloc_log.h"
 
 /* Slot 0 is the CPU, slot 1 + i is cuda:i. */
 #define ENGINE_MAX_DEVICES 65
@@ -69,6 +70,9 @@ typedef struct Device {
     Timeline timeline;
     uint32_t timeline_scope;    /* its scope's id while open, else 0 */
     int timeline_depth;         /* that scope's index in the stack */
+    /* Its allocations and frees, only while a snapshot is asked for. */
+    AllocLog alloc_log;
+    uint32_t alloc_log_scope;   /* its scope's id while open, else 0 */
 } Device;
 
 typedef struct Engine {
@@ -121,6 +125,12 @@ int Engine_timeline_start(Engine *self, int slot, uint32_t id);
  * returns how many, and *seq0 / *last its first and latest event numbers. */
 uint32_t Engine_timeline(Engine *self, int slot, TimelinePoint *dst,
                          uint32_t max, uint64_t *seq0, uint64_t *last);
+/* Logs the allocations and frees of the device while open scope id lasts,
+ * up to max entries; -1 if id is not open. */
+int Engine_alloc_log_start(Engine *self, int slot, uint32_t id, uint32_t max);
+/* The latest log (the caller frees it); NULL when empty. */
+AllocEntry *Engine_alloc_log_take(Engine *self, int slot, uint32_t *n,
+                                  uint64_t *dropped);
 /* The device's event number now: where a mark falls on a timeline. */
 uint64_t Engine_seq(Engine *self, int slot);
 /* Like Engine_seq, for a device whose timeline runs now; -1 when none does. */

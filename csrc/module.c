@@ -308,6 +308,51 @@ error:
 }
 
 static PyObject *
+engine_alloc_log_start(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    unsigned int id, max;
+    if (!PyArg_ParseTuple(args, "iII:alloc_log_start", &slot, &id, &max))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (Engine_alloc_log_start(the_engine, slot, id, max) < 0)
+        return PyErr_Format(PyExc_ValueError, "scope %u is not open on "
+                            "device slot %d", id, slot);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+engine_alloc_log_take(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    long slot = PyLong_AsLong(arg);
+    uint32_t n;
+    uint64_t dropped;
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    if (check_slot((int)slot) < 0)
+        return NULL;
+    AllocEntry *log = Engine_alloc_log_take(the_engine, (int)slot, &n, &dropped);
+    PyObject *list = PyList_New(n), *result = NULL;
+    if (list == NULL)
+        goto error;
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *t = Py_BuildValue("(KLKI)", (unsigned long long)log[i].addr,
+                                    (long long)log[i].size,
+                                    (unsigned long long)log[i].time_us,
+                                    log[i].site);
+        if (t == NULL)
+            goto error;
+        PyList_SET_ITEM(list, i, t);
+    }
+    result = Py_BuildValue("(OK)", list, (unsigned long long)dropped);
+error:
+    Py_XDECREF(list);
+    free(log);
+    return result;
+}
+
+static PyObject *
 engine_seq(PyObject *Py_UNUSED(module), PyObject *arg)
 {
     long slot = PyLong_AsLong(arg);
@@ -631,6 +676,12 @@ static PyMethodDef engine_methods[] = {
      "timeline(slot, max=TIMELINE_MAX) -> (seq0, last, [(seq, own_min, "
      "own_max, total_min, total_max), ...]): the latest timeline, merged "
      "into at most max points, extremes kept."},
+    {"alloc_log_start", engine_alloc_log_start, METH_VARARGS,
+     "alloc_log_start(slot, id, max): log the device's allocations and frees "
+     "while open scope id lasts (at most max)."},
+    {"alloc_log_take", engine_alloc_log_take, METH_O,
+     "alloc_log_take(slot) -> ([(addr, size, time_us, site)], dropped): the "
+     "latest log, emptied."},
     {"seq", engine_seq, METH_O,
      "seq(slot) -> the device's event number now (where a mark falls)."},
     {"bridge_bind", bridge_bind, METH_VARARGS,

@@ -37,6 +37,7 @@ class DeviceFigures:
     estimated: bool = False          # own figures estimated from counters
     seq_at_peak: int | None = None   # device event number of the own peak
     timeline: tuple | None = None    # (seq0, last, [(seq, own_min, own_max, total_min, total_max)])
+    alloc_log: tuple | None = None   # ([(addr, size, time_us, site)], dropped): --memlab-snapshot
     attribution: Attribution | None = None   # where the own peak came from
     lines: list[LineStat] = field(default_factory=list)
 
@@ -44,12 +45,14 @@ class DeviceFigures:
 class EngineMeter:
     """One scope of the C engine on one device."""
 
-    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False):
+    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False,
+                 log: bool = False):
         self.core = core
         self.device = device
         self.slot = slot_of(device)
         self.detached = detached
         self.timeline = timeline    # the device's timeline follows this scope
+        self.log = log              # and its allocation log (--memlab-snapshot)
         self.scope_id: int | None = None
 
     def begin(self) -> None:
@@ -77,6 +80,10 @@ class EngineMeter:
             self.scope_id = engine.begin(self.slot, self.detached, total, reserved)
             if self.timeline:
                 engine.timeline_start(self.slot, self.scope_id)
+            if self.log:
+                from .snapshot import MAX_ENTRIES
+
+                engine.alloc_log_start(self.slot, self.scope_id, MAX_ENTRIES)
         except BaseException:
             self._release()
             raise
@@ -137,7 +144,8 @@ class CounterMeter:
 
     _open: dict[str, list["CounterMeter"]] = {}
 
-    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False):
+    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False,
+                 log: bool = False):
         self.core = core
         self.device = device
         self.index = cuda_index(device)
@@ -185,9 +193,9 @@ class CounterMeter:
         return figures
 
 
-def make_meter(core: Core, device: str, detached: bool = False, timeline: bool = False):
+def make_meter(core: Core, device: str, detached: bool = False, timeline: bool = False, log: bool = False):
     cls = EngineMeter if core.name == BRIDGE else CounterMeter
-    return cls(core, device, detached, timeline)
+    return cls(core, device, detached, timeline, log)
 
 
 @dataclass
@@ -214,7 +222,7 @@ class Measurement:
     DETAIL_POINTS = 512
 
     def __init__(self, core: Core, devices: list[str], trace: bool = True, park: bool = False,
-                 timeline: bool = False):
+                 timeline: bool = False, log: bool = False):
         self.core = core
         self.detail = False      # fetch the timelines at the end (a report asked for them)
         self.park = park         # leave the tracer and torch's hooks ready for the next test
@@ -231,7 +239,7 @@ class Measurement:
             if reason:
                 self.unmeasured[concrete] = reason
             else:
-                self.meters[concrete] = make_meter(core, concrete, timeline=timeline)
+                self.meters[concrete] = make_meter(core, concrete, timeline=timeline, log=log)
         self.devices = list(self.meters) + list(self.unmeasured)
         self.marks: list[Mark] = []
         self.final: dict[str, DeviceFigures] | None = None
@@ -297,6 +305,10 @@ class Measurement:
                 fig = figures.get(device)
                 if fig is not None and fig.measured and isinstance(meter, EngineMeter) and meter.timeline:
                     fig.timeline = engine.timeline(meter.slot, self.DETAIL_POINTS)
+        for device, meter in self.meters.items():
+            fig = figures.get(device)
+            if fig is not None and fig.measured and isinstance(meter, EngineMeter) and meter.log:
+                fig.alloc_log = engine.alloc_log_take(meter.slot)
         for device, reason in self.unmeasured.items():
             figures[device] = DeviceFigures(device, False, reason=reason)
         self.final = {d: figures[d] for d in self.devices}

@@ -128,6 +128,11 @@ def add_options(parser) -> None:
              "to PATH; implies --memlab (ini: memlab_html)",
     )
     group.addoption(
+        "--memlab-snapshot", default=None, metavar="DIR",
+        help="per measured test and device, write its allocation events to DIR in the format of PyTorch's "
+             "memory snapshot (memory_viz): NAME.json and NAME.pickle; implies --memlab (ini: memlab_snapshot)",
+    )
+    group.addoption(
         "--memlab-require-cuda", action="store_true", default=None,
         help="a cuda_memory test that cannot be measured (no CUDA) fails (ini: memlab_require_cuda)",
     )
@@ -201,6 +206,7 @@ def add_options(parser) -> None:
     parser.addini("memlab_report", default="", help="report spec, as --memlab-report")
     parser.addini("memlab_json", default="", help="as --memlab-json (relative to the rootdir)")
     parser.addini("memlab_html", default="", help="as --memlab-html (relative to the rootdir)")
+    parser.addini("memlab_snapshot", default="", help="as --memlab-snapshot (relative to the rootdir)")
     parser.addini("memlab_require_cuda", type="bool", default=False, help="as --memlab-require-cuda")
 
 
@@ -225,6 +231,7 @@ class Options:
     fail_on_improvement: bool = False
     baseline_env: str | None = None
     gpus_per_worker: int | None = None
+    snapshot: Path | None = None
 
     @property
     def json_paths(self) -> list[str]:
@@ -308,7 +315,13 @@ class Options:
                 if not path.strip():
                     raise pytest.UsageError(f"--memlab-{kind} names no file (write --memlab-{kind}=PATH)")
                 report = tuple(report or ()) + (f"{kind}:{path}",)
+        snapshot = config.getoption("memlab_snapshot")
+        if snapshot is None and config.getini("memlab_snapshot").strip():
+            snapshot = str(config.rootpath / config.getini("memlab_snapshot").strip())
+        if snapshot is not None and not snapshot.strip():
+            raise pytest.UsageError("--memlab-snapshot names no folder (write --memlab-snapshot=DIR)")
         return cls(
+            snapshot=Path(snapshot) if snapshot is not None else None,
             baseline=baseline,
             update_baseline=update,
             prune_baseline=prune,
@@ -319,7 +332,8 @@ class Options:
             leaks=leaks,
             leak_repeat=leak_repeat,
             report=report,
-            measure_all=bool(_option(config, "memlab", "memlab")) or bool(report) or baseline is not None,
+            measure_all=bool(_option(config, "memlab", "memlab")) or bool(report) or baseline is not None
+            or snapshot is not None,
             require_cuda=bool(_option(config, "memlab_require_cuda", "memlab_require_cuda")),
             top=top,
             include=tuple(config.getoption("memlab_include") or config.getini("memlab_include")),

@@ -246,7 +246,8 @@ class MemlabPlugin:
             if not self.backend:
                 self.backend = f"{c.name}: {c.reason}"
             requested = [self._requested(c, spec) for spec in specs]
-            measurement = Measurement(c, list(dict.fromkeys(requested)), park=True, timeline=True)
+            measurement = Measurement(c, list(dict.fromkeys(requested)), park=True, timeline=True,
+                                      log=self.options.snapshot is not None)
             measurement.detail = self.options.detail
             running.devices = [(spec, measurement.resolved[r]) for spec, r in zip(specs, requested)]
             running.judged = self.baseline is not None or any(spec.marked for spec in specs)
@@ -371,6 +372,21 @@ class MemlabPlugin:
             running.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
         if measurement.trace_note:
             self.trace_notes.add(measurement.trace_note)
+        if self.options.snapshot is not None:
+            self._snapshot(item, running)
+
+    def _snapshot(self, item, running: Running) -> None:
+        from . import snapshot
+
+        for device, figures in (running.figures or {}).items():
+            if figures.alloc_log is None:
+                continue
+            entries, dropped = figures.alloc_log
+            figures.alloc_log = None   # written once; the item lives on
+            try:
+                snapshot.write(self.options.snapshot, item.nodeid, device, entries, dropped)
+            except Exception as exc:   # memlab's trouble, never the test's
+                running.error = running.error or f"the snapshot was not written: {type(exc).__name__}: {exc}"
 
     # -- verdicts ---------------------------------------------------------------
     @pytest.hookimpl(wrapper=True)

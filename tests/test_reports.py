@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from conftest import line_no, requires_torch
+from conftest import line_no, requires_cuda, requires_torch
 
 pytestmark = requires_torch
 
@@ -368,3 +368,96 @@ def test_phases_mark_themselves_on_the_timeline(inner):
     peak = tests["test_peak_in_backward"]["detail"]
     backward = next(m["at"] for m in peak["marks"] if m["label"] == "backward")
     assert peak["peak_at"] > backward
+
+
+SNAPSHOT_SUITE = """
+import pytest, torch
+MiB = 2**20
+KEPT = []
+
+@pytest.mark.cpu_memory(leaks=None)
+def test_alloc_free_keep():
+    a = torch.empty(MiB, dtype=torch.uint8)
+    del a
+    KEPT.append(torch.empty(2 * MiB, dtype=torch.uint8))
+"""
+
+
+def test_snapshots_are_what_torchs_memory_viz_reads(inner):
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    inner.makepyfile(test_snap=SNAPSHOT_SUITE)
+    result = inner.runpytest_inprocess("--memlab-snapshot=snap")
+    result.assert_outcomes(passed=1)
+    stem = str(inner.path / "snap" / "test_snap.py_test_alloc_free_keep-cpu")
+    data = json.loads(open(stem + ".json").read())
+    assert pickle.loads(open(stem + ".pickle", "rb").read()) == data
+    MiB = 2**20
+    trace = data["device_traces"][0]
+    assert [(e["action"], e["size"]) for e in trace if e["size"] >= MiB] == [
+        ("alloc", MiB), ("free_requested", MiB), ("free_completed", MiB), ("alloc", 2 * MiB)]
+    first = next(e for e in trace if e["size"] == MiB)
+    assert first["frames"][0] == {"filename": str(inner.path / "test_snap.py"),
+                                  "line": line_no(inner.path / "test_snap.py", "a = torch.empty"),
+                                  "name": "test_alloc_free_keep"}
+    assert set(first) == {"action", "addr", "size", "stream", "time_us", "frames"}
+    # the block still held at the end is a segment, with its frames
+    kept = [s for s in data["segments"] if s["total_size"] == 2 * MiB]
+    assert len(kept) == 1 and kept[0]["blocks"][0]["state"] == "active_allocated"
+    assert kept[0]["blocks"][0]["frames"][0]["line"] == line_no(inner.path / "test_snap.py", "KEPT.append")
+    # torch's own readers of a snapshot take it as it is
+    text = _memory_viz.trace(data)
+    assert f"{len(trace)} entries" in text and "2.0MiB" in text
+    assert "total_allocated: 2.0MiB" in _memory_viz.segsum(data)
+    flame = _memory_viz.memory(data, format_flamegraph=lambda lines: lines)
+    assert f"test_snap.py:{line_no(inner.path / 'test_snap.py', 'KEPT.append')}:test_alloc_free_keep {2 * MiB}" in flame
+
+
+def test_a_snapshot_folder_that_cannot_be_written_is_said_not_failed(inner):
+    inner.makepyfile(test_snap=SNAPSHOT_SUITE)
+    (inner.path / "blocked").write_text("a file, not a folder")
+    result = inner.runpytest_inprocess("--memlab-snapshot=blocked/snap", "--memlab-report")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*the snapshot was not written: *"])
+
+
+CUDA_SNAPSHOT_SUITE = """
+import pytest, torch
+MiB = 2**20
+
+@pytest.mark.cuda_memory
+def test_cuda_alloc_free():
+    a = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+    b = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    del a, b
+"""
+
+
+@requires_cuda
+def test_cuda_snapshots_have_the_structure_torch_writes(inner):
+    import torch
+
+    # torch's own snapshot of the same allocations, for its structure
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    try:
+        a = torch.empty(2**20, dtype=torch.uint8, device="cuda")
+        b = torch.empty(3 * 2**20, dtype=torch.uint8, device="cuda")
+        del a, b
+        theirs = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    their_trace = [e for e in theirs["device_traces"][torch.cuda.current_device()] if e["action"] == "alloc"]
+    inner.makepyfile(test_snap=CUDA_SNAPSHOT_SUITE)
+    result = inner.runpytest_inprocess("--memlab-snapshot=snap")
+    result.assert_outcomes(passed=1)
+    device = f"cuda{torch.cuda.current_device()}"
+    ours = json.loads((inner.path / "snap" / f"test_snap.py_test_cuda_alloc_free-{device}.json").read_text())
+    assert set(ours) >= {"segments", "device_traces"}
+    trace = ours["device_traces"][torch.cuda.current_device()]
+    allocs = [e for e in trace if e["action"] == "alloc"]
+    assert [e["size"] for e in allocs] == [e["size"] for e in their_trace[-2:]] == [2**20, 3 * 2**20]
+    assert set(allocs[0]) <= set(their_trace[0])
+    assert set(allocs[0]["frames"][0]) <= set(their_trace[0]["frames"][0])
+    assert {e["action"] for e in trace} <= {"alloc", "free_requested", "free_completed"}

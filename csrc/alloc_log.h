@@ -1,0 +1,36 @@
+/* A test's allocations and frees on one device, in order, for the
+ * memory_viz snapshot (--memlab-snapshot): each with its address, size,
+ * time and the site (user call chain) that allocated it.  Kept only when a
+ * snapshot is asked for; bounded (past max entries they are counted, not
+ * kept).  Appended under the device's lock; the array grows by doubling
+ * through malloc (never through torch).
+ */
+#ifndef MEMLAB_ALLOC_LOG_H
+#define MEMLAB_ALLOC_LOG_H
+
+#include <stdint.h>
+
+typedef struct AllocEntry {
+    uint64_t addr;
+    int64_t size;           /* > 0 allocated, < 0 freed */
+    uint64_t time_us;       /* CLOCK_REALTIME, as torch's traces have it */
+    uint32_t site;
+    uint32_t pad;
+} AllocEntry;
+
+typedef struct AllocLog {
+    AllocEntry *entries;
+    uint32_t n;
+    uint32_t cap;
+    uint32_t max;
+    uint64_t dropped;
+} AllocLog;
+
+/* Empties the log and sets its bound. */
+void AllocLog_start(AllocLog *self, uint32_t max);
+void AllocLog_add(AllocLog *self, uint64_t addr, int64_t size, uint32_t site);
+/* Hands the entries to the caller (free()), leaving the log empty. */
+AllocEntry *AllocLog_take(AllocLog *self, uint32_t *n, uint64_t *dropped);
+void AllocLog_fini(AllocLog *self);
+
+#endif
