@@ -346,7 +346,7 @@ def test_compiled_fullgraph():
 
 def test_phases_mark_themselves_on_the_timeline(inner):
     inner.makepyfile(test_phases=PHASES_SUITE)
-    result = inner.runpytest_inprocess("--memlab-json=r.json", "-W", "error")
+    result = inner.runpytest_inprocess("--memlab-json=r.json", "-W", "error", "-p", "no:benchmark")
     result.assert_outcomes(passed=3, failed=1)
     data = json.loads((inner.path / "r.json").read_text())
     validate(data)
