@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>
+#endif
+
 TracerState T;
 _Thread_local int in_callback;
 static _Thread_local ShadowStack *tls_stack;
@@ -142,14 +146,19 @@ local_type_name(PyFrameObject *frame, const char *name, int first_item,
     if (frame == NULL)
         return;
 #if PY_VERSION_HEX >= 0x030C0000
-    PyObject *v = PyFrame_GetVar(frame, name);
-#else
+    PyObject *v = PyFrame_GetVarString(frame, name);
+#elif PY_VERSION_HEX >= 0x030B0000
     PyObject *locals = PyFrame_GetLocals(frame);
     PyObject *v = NULL;
     if (locals != NULL) {
         v = PyMapping_GetItemString(locals, name);
         Py_DECREF(locals);
     }
+#else
+    /* 3.10: the frame's struct is public; f_locals after the copy. */
+    PyObject *v = NULL;
+    if (PyFrame_FastToLocalsWithError(frame) == 0 && frame->f_locals != NULL)
+        v = PyMapping_GetItemString(frame->f_locals, name);
 #endif
     if (v == NULL) {
         PyErr_Clear();

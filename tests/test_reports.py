@@ -346,8 +346,10 @@ def test_compiled_fullgraph():
 
 def test_phases_mark_themselves_on_the_timeline(inner):
     inner.makepyfile(test_phases=PHASES_SUITE)
-    result = inner.runpytest_inprocess("--memlab-json=r.json", "-W", "error", "-p", "no:benchmark")
+    result = inner.runpytest_inprocess("--memlab-json=r.json")
     result.assert_outcomes(passed=3, failed=1)
+    # no hook was registered with torch: torch.compile(fullgraph=True) passed, and did not warn of one
+    result.stdout.no_fnmatch_line("*global hooks*")
     data = json.loads((inner.path / "r.json").read_text())
     validate(data)
     tests = {t["nodeid"].split("::")[1]: t["devices"]["cpu"] for t in data["tests"]}
