@@ -204,7 +204,8 @@ def test_peak_in_backward_names_the_backward_line(inner):
     backward = line_no(path, "loss.backward()")
     result.stdout.fnmatch_lines([
         "cuda:0 peak * exceeds max 1.0 MiB by *",
-        f"  peak reached in test_bw.py:{backward} test_train: loss.backward()",
+        # the phase marked itself: the tracer heard torch.autograd.backward start
+        f"  peak reached during backward, in test_bw.py:{backward} test_train: loss.backward()",
         "  live at the peak, by the line that allocated it (user call chain):",
         f"*test_bw.py:{backward} test_train: loss.backward()",  # the autograd thread's gradients
     ])
