@@ -660,7 +660,8 @@ class MemlabPlugin:
         terminalreporter.section("memlab")
         table = self.options.terminal_table
         if self.results:
-            for line, bold in summary(self.results, self.backend, self.trace_notes, table):
+            for line, bold in summary(self.results, self.backend, self.trace_notes, table,
+                                      self.config.getoption("verbose", 0) or 0, self.options.top):
                 terminalreporter.write_line(line, bold=bold)
         for line in self.notes:
             terminalreporter.write_line(line)

@@ -121,23 +121,51 @@ def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def summary(results: dict, backend: str, notes: set[str], table: bool) -> list[tuple[str, bool]]:
-    """The terminal summary's lines, each with whether it is bold."""
+WIDTH = 100   # the terminal table fits this many columns
+
+
+def _middle_cut(text: str, width: int) -> str:
+    """text in at most width characters, its middle elided: a node id's file
+    and test name both stay readable."""
+    if len(text) <= width:
+        return text
+    keep = width - 3
+    head = keep // 3      # the end (test name, parameters) says more than the start
+    return text[:head] + "..." + text[len(text) - (keep - head):]
+
+
+def _worst_first(rd) -> tuple:
+    r, d = rd
+    use = d.peak / d.max if d.max and d.peak is not None else -1.0
+    return (not r.failed, -use, -(d.peak or 0), r.nodeid)
+
+
+def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity: int = 0,
+            top: int = 5) -> list[tuple[str, bool]]:
+    """The terminal summary's lines, each with whether it is bold.  With
+    table: the measured tests worst first (those memlab failed, then by the
+    share of their budget used, then by own peak) in at most WIDTH columns,
+    10 rows under -q, 20 by default, all under -v; then the heaviest tests'
+    top lines (3 tests by default, 10 under -v, none under -q).  -qq keeps
+    the counts only."""
     out: list[tuple[str, bool]] = []
     rows = [(r, d) for r in results.values() for d in r.devices.values()]
     measured = [(r, d) for r, d in rows if d.measured]
-    unmeasured = [(r, d) for r, d in rows if not d.measured]
     tests_measured = sum(1 for r in results.values() if any(d.measured for d in r.devices.values()))
+    not_measured = len(results) - tests_measured
     head = f"{_plural(tests_measured, 'test')} measured"
+    if not_measured:
+        head += f", {not_measured} not measured (below)"
     if backend:
         head += f" (backend {backend})"
     out.append((head, False))
     for note in sorted(notes):
         out.append((f"line attribution off: {note}", False))
     by_reason: dict[str, list[str]] = {}
-    for r, d in unmeasured:
-        by_reason.setdefault(f"{d.device}: {d.reason}", []).append(r.nodeid)
     for r in results.values():
+        for d in r.devices.values():
+            if not d.measured:
+                by_reason.setdefault(f"{d.device}: {d.reason}", []).append(r.nodeid)
         if r.error:
             by_reason.setdefault(f"pytest-memlab error: {r.error}", []).append(r.nodeid)
     for reason, nodeids in by_reason.items():
@@ -153,15 +181,17 @@ def summary(results: dict, backend: str, notes: set[str], table: bool) -> list[t
     if failed:
         out.append((f"{_plural(len(failed), 'test')} failed by memlab ({', '.join(sorted({k for r in failed for k in r.failed}))}); "
                     "see above", False))
-    if not table:
+    if not table or verbosity <= -2 or not measured:
         return out
-    measured.sort(key=lambda rd: -(rd[1].peak or 0))
-    header = ("test", "device", "own peak", "total peak", "reserved peak", "budget", "use", "leaked")
-    compared = any(d.baseline for _, d in measured)
+    measured.sort(key=_worst_first)
+    limit = None if verbosity > 0 else (10 if verbosity < 0 else 20)
+    shown = measured[:limit]
+    header = ("test", "device", "own peak", "total peak", "reserved", "budget", "use", "leaked")
+    compared = any(d.baseline for _, d in shown)
     if compared:
         header += ("baseline",)
     cells = [header]
-    for r, d in measured:
+    for r, d in shown:
         budget = d.max
         use = f"{100 * d.peak / budget:.0f}%" if budget and d.peak is not None else ("-" if budget is None else "inf")
         cells.append((
@@ -171,9 +201,23 @@ def summary(results: dict, backend: str, notes: set[str], table: bool) -> list[t
             format_size(d.leaked) if d.leaked is not None else "-",
         ) + ((baseline_change(d),) if compared else ()))
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(header))]
+    widths[0] = min(widths[0], max(20, WIDTH - sum(widths[1:]) - 2 * (len(header) - 1)))
     for n, row in enumerate(cells):
+        row = (_middle_cut(str(row[0]), widths[0]),) + tuple(row[1:])
         line = "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
         out.append((line.rstrip(), n == 0))
+    if len(shown) < len(measured):
+        rest = len(measured) - len(shown)
+        out.append((f"... and {rest} more {'row' if rest == 1 else 'rows'} (-v shows all)", False))
+    heaviest = [(r, d) for r, d in sorted(measured, key=lambda rd: -(rd[1].peak or 0)) if d.top]
+    heaviest = heaviest[:0 if verbosity < 0 else (10 if verbosity > 0 else 3)]
+    if heaviest:
+        out.append(("the heaviest tests, by the lines that allocated most:", True))
+    for r, d in heaviest:
+        out.append((_middle_cut(f"{r.nodeid} ({d.device}, own peak {format_size(d.peak)})", WIDTH), False))
+        for t in d.top[:top]:
+            out.append((_middle_cut(f"  {format_size(t['bytes']):>10}  {t['file']}:{t['line']} {t['function']}",
+                                    WIDTH), False))
     return out
 
 

@@ -467,3 +467,47 @@ def test_cuda_snapshots_have_the_structure_torch_writes(inner):
     assert set(allocs[0]) <= set(their_trace[0])
     assert set(allocs[0]["frames"][0]) <= set(their_trace[0]["frames"][0])
     assert {e["action"] for e in trace} <= {"alloc", "free_requested", "free_completed"}
+
+
+TABLE_SUITE = """
+import pytest, torch
+MiB = 2**20
+pytestmark = pytest.mark.cpu_memory
+
+@pytest.mark.parametrize("n", range(1, 26))
+def test_a_rather_long_test_name_that_shows_how_node_ids_are_cut_to_fit_the_table(n):
+    a = torch.empty(n * MiB, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory(max="2MiB")
+def test_near_its_budget():
+    a = torch.empty(MiB + MiB // 2, dtype=torch.uint8)
+"""
+
+
+def test_the_terminal_table_fits_100_columns_worst_first_and_follows_q_and_v(inner):
+    inner.makepyfile(test_table=TABLE_SUITE)
+    result = inner.runpytest_inprocess("--memlab-report")
+    result.assert_outcomes(passed=26)
+    lines = result.stdout.str().split("= memlab =")[1].splitlines()
+    table = [ln for ln in lines if ln.startswith("test ") or ln.startswith("test_table.") and " cpu " in ln]
+    listed = lines[lines.index(table[0]):]   # the table, and the heaviest tests' lines after it
+    assert all(len(ln) <= 100 for ln in listed), max(listed, key=len)
+    result.stdout.fnmatch_lines([
+        "26 tests measured (backend *",
+        "test * device * own peak * total peak * reserved * budget * use * leaked",
+        # worst first: the test with a budget uses 75% of it
+        "test_table.py::test_near_its_budget * cpu * 1.5 MiB * 1.5 MiB * - * 2.0 MiB * 75% * 0 B",
+        "test_table....cut_to_fit_the_table[[]25]  cpu     25.0 MiB    25.0 MiB         -        -    -     0 B",
+        "... and 6 more rows (-v shows all)",
+        "the heaviest tests, by the lines that allocated most:",
+        "test_table.py::test_a_rather_lo*[[]25] (cpu, own peak 25.0 MiB)",
+        f"    25.0 MiB  test_table.py:{line_no(inner.path / 'test_table.py', 'a = torch.empty(n')} te*_the_table",
+    ])
+    assert len(table) == 1 + 20
+    verbose = inner.runpytest_inprocess("--memlab-report", "-v").stdout.str().split("= memlab =")[1]
+    rows = [ln for ln in verbose.splitlines() if ln.startswith("test_table.") and " cpu " in ln]
+    assert len(rows) == 26 and verbose.count("(cpu, own peak") == 10 and "more rows" not in verbose
+    quiet = inner.runpytest_inprocess("--memlab-report", "-q").stdout.str().split("= memlab =")[1]
+    assert quiet.count(" cpu ") == 10 and "heaviest tests" not in quiet and "16 more rows" in quiet
+    counts_only = inner.runpytest_inprocess("--memlab-report", "-qq").stdout.str()
+    assert "26 tests measured" in counts_only and " own peak " not in counts_only
