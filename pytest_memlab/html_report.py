@@ -54,8 +54,11 @@ _SCRIPT = r"""
     while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
     return sign + (u === 0 ? v.toFixed(0) : v.toFixed(1)) + ' ' + units[u];
   }
-  function use(d) { return d.budget ? d.peak / d.budget : null; }
-  function change(d) { return d.baseline_peak ? (d.peak - d.baseline_peak) / d.baseline_peak : null; }
+  function use(r) { return r.d.budget && r.d.peak !== null ? r.d.peak / r.d.budget : null; }
+  function change(r) {
+    if (r.d.baseline === 'new') return 'new';
+    return r.d.baseline_peak && r.d.peak !== null ? (r.d.peak - r.d.baseline_peak) / r.d.baseline_peak : null;
+  }
   const columns = [
     ['test', function (r) { return r.t.nodeid + (Object.keys(r.t.devices).length > 1 ? ' [' + r.dev + ']' : ''); }, null],
     ['outcome', function (r) { return r.t.outcome; }, null],
@@ -64,7 +67,9 @@ _SCRIPT = r"""
     ['reserved peak', function (r) { return r.d.reserved_peak; }, size],
     ['budget use', use, function (v) { return v === null ? '' : (100 * v).toFixed(0) + '%'; }],
     ['leaked', function (r) { return r.d.leaked; }, size],
-    ['vs baseline', change, function (v) { return v === null ? '' : (v >= 0 ? '+' : '') + (100 * v).toFixed(1) + '%'; }]
+    ['vs baseline', change, function (v) {
+      return v === null ? '' : typeof v === 'string' ? v : (v >= 0 ? '+' : '') + (100 * v).toFixed(1) + '%';
+    }]
   ];
   let sortCol = 2, sortDir = -1;
   const body = document.getElementById('rows');
@@ -155,12 +160,14 @@ _SCRIPT = r"""
     det.marks.forEach(function (m) {
       const x = X(m.at), color = m.kind === 'phase' ? '#2ca02c' : '#9467bd';
       svg.appendChild(el('line', {x1: x, x2: x, y1: T, y2: H - B, stroke: color, 'stroke-dasharray': '4 3', class: 'mark'}));
-      // along its line, downwards; marks on (nearly) one event step aside
-      let lx = x + 3;
+      // along its line, upwards from the bottom (the peak's label is at the
+      // top); marks on (nearly) one event step aside
+      let lx = x - 3;
       while (taken.some(function (t) { return Math.abs(t - lx) < 12; })) lx += 12;
       taken.push(lx);
-      svg.appendChild(el('text', {x: lx, y: T + 4, fill: color, class: 'mark-label',
-                                  transform: 'rotate(90 ' + lx + ' ' + (T + 4) + ')'}, m.label));
+      const ly = H - B - 4;
+      svg.appendChild(el('text', {x: lx, y: ly, fill: color, class: 'mark-label',
+                                  transform: 'rotate(-90 ' + lx + ' ' + ly + ')'}, m.label));
     });
     if (det.peak_at !== null) {
       const x = X(det.peak_at), y = Y(d.peak);
@@ -218,6 +225,8 @@ _SCRIPT = r"""
   const m = /#test=(\d+)/.exec(location.hash);
   if (m && data.tests[+m[1]]) show(+m[1], Object.keys(data.tests[+m[1]].devices)[0]);
   else if (rows.length) show(rows[0].i, rows[0].dev);
+  // when the page was ready, from the start of navigation (bench/bench_report.py reads it)
+  document.documentElement.setAttribute('data-ready-ms', performance.now().toFixed(0));
 })();
 """
 

@@ -200,11 +200,23 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
             format_size(budget) if budget is not None else "-", use,
             format_size(d.leaked) if d.leaked is not None else "-",
         ) + ((baseline_change(d),) if compared else ()))
+    # Columns that say nothing here give their room to the node ids: the
+    # device when every row has the same one (the head line names it), the
+    # reserved peak where no device has a reserved pool.
+    drop = set()
+    if len({row[1] for row in cells[1:]}) == 1:
+        drop.add(1)
+        out.append((f"on {cells[1][1]}:", False))
+    if all(row[4] == "-" for row in cells[1:]):
+        drop.add(4)
+    cells = [tuple(c for i, c in enumerate(row) if i not in drop) for row in cells]
+    header = cells[0]
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(header))]
     widths[0] = min(widths[0], max(20, WIDTH - sum(widths[1:]) - 2 * (len(header) - 1)))
+    left = 1 if 1 in drop else 2    # left-aligned: the test, and the device when shown
     for n, row in enumerate(cells):
         row = (_middle_cut(str(row[0]), widths[0]),) + tuple(row[1:])
-        line = "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        line = "  ".join(str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
         out.append((line.rstrip(), n == 0))
     if len(shown) < len(measured):
         rest = len(measured) - len(shown)
