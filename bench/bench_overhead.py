@@ -76,7 +76,7 @@ def worker(workload: str, config: str, reps: int) -> None:
         tracing.scope.configure(ROOT)  # this file is the user's code
 
         def once():
-            m = Measurement(c, ["cuda:0"], trace=config != "memlab-nolines")
+            m = Measurement(c, ["cuda:0"], trace=config != "memlab-nolines", timeline=True)  # as the plugin
             m.begin()
             try:
                 plain()
