@@ -9,8 +9,8 @@ spike still shows at its height), the own peak marked and labelled with the
 line that reached it, the marks and phases, the heaviest lines and the leak
 report.  The data rides in the page as JSON (the same rows as the JSON
 report) and a test's timeline is drawn when it is opened, so that a suite
-of thousands of tests still opens at once.  ``#test=N`` in the address
-opens test N (index order) straight away.
+of thousands of tests still opens at once.  The address can carry the
+view: ``#filter=TEXT&sort=COLUMN&desc=1&test=N`` (N in node id order).
 """
 
 from __future__ import annotations
@@ -221,8 +221,15 @@ _SCRIPT = r"""
       box.appendChild(pre);
     }
   }
+  // the address can carry the view: #filter=TEXT&sort=COLUMN&desc=1&test=N
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.has('filter')) filter.value = params.get('filter');
+  if (params.has('sort') && columns[+params.get('sort')]) {
+    sortCol = +params.get('sort');
+    sortDir = params.get('desc') === '1' ? -1 : 1;
+  }
   render();
-  const m = /#test=(\d+)/.exec(location.hash);
+  const m = /test=(\d+)/.exec(location.hash);
   if (m && data.tests[+m[1]]) show(+m[1], Object.keys(data.tests[+m[1]].devices)[0]);
   else if (rows.length) show(rows[0].i, rows[0].dev);
   // when the page was ready, from the start of navigation (bench/bench_report.py reads it)

@@ -293,6 +293,18 @@ def test_the_html_report_is_one_file_that_a_browser_draws(inner, tmp_path):
     assert 'class="peak-label"' in dom.stdout and ">own peak " in dom.stdout
     assert f"at test_train.py:{line_no(inner.path / 'test_train.py', 'loss.backward()')} test_training_step" in dom.stdout
     assert ">after forward</text>" in dom.stdout
+    # the phases of the training step marked themselves
+    assert ">forward Sequential</text>" in dom.stdout and ">backward</text>" in dom.stdout
+    assert ">SGD.step</text>" in dom.stdout
+    # the index filters and sorts (the view in the address, as a user's click leaves it)
+    view = (inner.path / "out" / "r.html").as_uri() + "#filter=small&sort=2&desc=0"
+    dom = subprocess.run(common + ["--dump-dom", view], capture_output=True, text=True, timeout=120)
+    assert '<span id="count">1 of 2 shown</span>' in dom.stdout
+    index = dom.stdout.split('<tbody id="rows">')[1].split("</tbody>")[0]
+    assert index.count('<tr class="row') == 1 and "test_train.py::test_small</td>" in index
+    view = (inner.path / "out" / "r.html").as_uri() + "#sort=2&desc=0"     # own peak, smallest first
+    dom = subprocess.run(common + ["--dump-dom", view], capture_output=True, text=True, timeout=120)
+    assert dom.stdout.index("test_train.py::test_small</td>") < dom.stdout.index("test_train.py::test_training_step</td>")
     shot = tmp_path / "shot.png"
     run = subprocess.run(common + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
