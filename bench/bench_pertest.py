@@ -92,7 +92,25 @@ def pytest_unconfigure(config):
 '''
 
 
+# With PERTEST_CUDA_INIT=1 the session initialises CUDA and holds a tensor
+# there, as a GPU suite does: each measured test then starts from the CUDA
+# allocator's live totals (an uninitialised CUDA holds nothing to ask).
+CONFTEST = '''
+import os
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("PERTEST_CUDA_INIT") == "1":
+        import torch
+
+        global HELD
+        HELD = torch.zeros(1024, device="cuda")
+'''
+
+
 def write_suite(folder: str, n: int) -> None:
+    with open(os.path.join(folder, "conftest.py"), "w") as f:
+        f.write(CONFTEST)
     with open(os.path.join(folder, "protocol_timer.py"), "w") as f:
         f.write(TIMER)
     with open(os.path.join(folder, "interleave_timer.py"), "w") as f:
@@ -130,11 +148,12 @@ def run_once(folder: str, args: list[str]) -> tuple[float, float]:
         return elapsed, float(f.read())
 
 
-def side_by_side(folder: str) -> tuple[float, float]:
+def side_by_side(folder: str, cuda_init: bool = False) -> tuple[float, float]:
     """(median us per measured test, per unmeasured test) in one process."""
     cpu_out = os.path.join(folder, "cpu.txt")
     env = {**os.environ, "MEMLAB_CORE": os.environ.get("MEMLAB_CORE", "bridge"), "PERTEST_CPU_OUT": cpu_out,
-           "PYTHONPATH": folder + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": folder + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "PERTEST_CUDA_INIT": "1" if cuda_init else "0"}
     env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "interleave_timer", "--memlab"],
                           cwd=folder, env=env, capture_output=True, text=True)
@@ -167,11 +186,19 @@ def main() -> None:
     ap.add_argument("--out", help="append the table (markdown) to this file")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-memray", action="store_true", help="leave pytest-memray out (it takes minutes)")
+    ap.add_argument("--side-only", action="store_true",
+                    help="only the side-by-side rounds (no whole-process configurations)")
     args = ap.parse_args()
+    import torch
+
+    cuda = torch.cuda.is_available()
     configs = dict(CONFIGS)
     if args.no_memray or importlib.util.find_spec("pytest_memray") is None:
         del configs["memray"]
     side: list[tuple[float, float]] = []
+    side_cuda: list[tuple[float, float]] = []
+    if args.side_only:
+        configs = {"unmeasured": configs["unmeasured"]}
     times: dict[str, list[float]] = {name: [] for name in configs}
     cpu: dict[str, list[float]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as folder:
@@ -185,14 +212,16 @@ def main() -> None:
             side.append(side_by_side(folder))
             print(f"round {r + 1}: side by side, measured {side[-1][0]:.1f} us, unmeasured {side[-1][1]:.1f} us "
                   f"per test", flush=True)
+            if cuda:
+                side_cuda.append(side_by_side(folder, cuda_init=True))
+                print(f"round {r + 1}: side by side, CUDA initialised, measured {side_cuda[-1][0]:.1f} us, "
+                      f"unmeasured {side_cuda[-1][1]:.1f} us per test", flush=True)
             print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f}s ({cpu[n][-1]:.2f}s in tests)"
                                                  for n in times), flush=True)
         report = profile(folder) if args.profile else ""
     base = statistics.median(times["unmeasured"])
     base_cpu = statistics.median(cpu["unmeasured"])
     import platform
-
-    import torch
 
     rows = [f"{args.tests} trivial tests (`torch.ones(16)`), {args.rounds} alternating rounds, median wall time; "
             f"Python {platform.python_version()}, torch {torch.__version__}, "
@@ -216,6 +245,14 @@ def main() -> None:
         rows.append(f"| {r} | {m:.1f} | {u:.1f} | {m - u:.1f} | {m / u:.3f}x |")
     added_side = statistics.median(m - u for m, u in side)
     rows.append(f"| median | | | **{added_side:.1f}** | target <= {TARGET_US:.0f} us |")
+    if side_cuda:
+        rows += ["", "The same with CUDA initialised by the session and a tensor held there (a GPU suite: "
+                 "each measured test reads the CUDA allocator's totals when it starts):", "",
+                 "| round | measured (us) | unmeasured (us) | added (us) | ratio |", "| --- | --- | --- | --- | --- |"]
+        for r, (m, u) in enumerate(side_cuda, 1):
+            rows.append(f"| {r} | {m:.1f} | {u:.1f} | {m - u:.1f} | {m / u:.3f}x |")
+        added_cuda = statistics.median(m - u for m, u in side_cuda)
+        rows.append(f"| median | | | **{added_cuda:.1f}** | target <= {TARGET_US:.0f} us |")
     table = "\n".join(rows)
     print(table)
     if report:

@@ -151,6 +151,28 @@ void memlab_bridge_set_tracker(int on) {
   g_tracker_on.store(on != 0, std::memory_order_relaxed);
 }
 
+int memlab_bridge_cuda_totals(int device, int64_t *allocated, int64_t *reserved) {
+#ifdef MEMLAB_WITH_CUDA
+  try {
+    // The caching allocator's own counters, read under its lock: what
+    // torch.cuda.memory_allocated and memory_reserved return, without the
+    // whole statistics dictionary they build and flatten in Python.
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(device));
+    *allocated = static_cast<int64_t>(stats.allocated_bytes[0].current);
+    *reserved = static_cast<int64_t>(stats.reserved_bytes[0].current);
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+#else
+  (void)device;
+  (void)allocated;
+  (void)reserved;
+  return 1;
+#endif
+}
+
 int memlab_bridge_attach_cuda_tracker(char *err, size_t errlen) {
 #ifdef MEMLAB_WITH_CUDA
   try {

@@ -35,10 +35,30 @@ Ledger_fini(Ledger *self)
     self->count = 0;
 }
 
+/* Past this many slots a cleared ledger goes back to a fresh small table
+ * instead of being swept: one test that held a million blocks must not
+ * make every later test clear tens of megabytes. */
+#define LEDGER_KEEP_SLOTS 4096
+
 void
 Ledger_clear(Ledger *self)
 {
-    memset(self->slots, 0, (self->mask + 1) * sizeof(Block));
+    /* It runs after every measured test, and a test that frees what it
+     * allocated leaves the ledger empty already. */
+    if (self->count == 0)
+        return;
+    size_t cap = self->mask + 1;
+    if (cap > LEDGER_KEEP_SLOTS) {
+        Block *small = calloc(LEDGER_KEEP_SLOTS, sizeof(Block));
+        if (small != NULL) {
+            free(self->slots);
+            self->slots = small;
+            self->mask = LEDGER_KEEP_SLOTS - 1;
+            self->count = 0;
+            return;
+        }
+    }
+    memset(self->slots, 0, cap * sizeof(Block));
     self->count = 0;
 }
 

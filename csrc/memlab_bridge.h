@@ -50,6 +50,11 @@ MEMLAB_BRIDGE_API void memlab_bridge_set_cpu(int on);
 /* Attaches a CUDA allocator trace tracker (once; there is no detach), after
  * CUDA is initialised.  1 when this torch has none or CUDA is absent. */
 MEMLAB_BRIDGE_API int memlab_bridge_attach_cuda_tracker(char *err, size_t errlen);
+/* The CUDA caching allocator's allocated and reserved bytes on a device
+ * (index 0 of its statistics: all pools), as torch.cuda.memory_allocated
+ * and memory_reserved give them; 1 without CUDA, -1 on error.  Call it only
+ * once CUDA is initialised. */
+MEMLAB_BRIDGE_API int memlab_bridge_cuda_totals(int device, int64_t *allocated, int64_t *reserved);
 /* Gates the tracker's forwarding without detaching it. */
 MEMLAB_BRIDGE_API void memlab_bridge_set_tracker(int on);
 

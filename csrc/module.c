@@ -8,6 +8,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <stdlib.h>
 
 #include "engine.h"
@@ -24,6 +25,7 @@ static struct {
     int (*uninstall)(char *, size_t);
     void (*set_cpu)(int);
     void (*set_tracker)(int);
+    int (*cuda_totals)(int, int64_t *, int64_t *);   /* NULL: an older bridge */
 } bridge;
 
 static int
@@ -37,40 +39,68 @@ check_slot(int slot)
     return 0;
 }
 
+/* The keys of a scope's figures, interned once: a dictionary of them is
+ * made for every measured test, and Py_BuildValue would make each key
+ * string anew every time. */
+enum {
+    K_ID, K_OWN, K_PEAK, K_TOTAL_AT_PEAK, K_SEQ_AT_PEAK, K_PEAK_TOTAL,
+    K_START_TOTAL, K_ALLOCS, K_FREES, K_ALLOCATED_BYTES, K_RESERVED_PEAK,
+    K_AT_PEAK, K_LIVE_SITES, K_PEAK_SITE, K_SITES_COMPLETE, K_COUNT
+};
+static const char *const key_names[K_COUNT] = {
+    "id", "own", "peak", "total_at_peak", "seq_at_peak", "peak_total",
+    "start_total", "allocs", "frees", "allocated_bytes", "reserved_peak",
+    "at_peak", "live_sites", "peak_site", "sites_complete",
+};
+static PyObject *keys[K_COUNT];
+
+static int
+keys_init(void)
+{
+    for (int i = 0; i < K_COUNT; i++) {
+        if (keys[i] == NULL
+            && (keys[i] = PyUnicode_InternFromString(key_names[i])) == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+/* d[keys[k]] = v, stealing the reference to v (NULL: an error set). */
+static int
+set_new(PyObject *d, int k, PyObject *v)
+{
+    if (v == NULL)
+        return -1;
+    int rc = PyDict_SetItem(d, keys[k], v);
+    Py_DECREF(v);
+    return rc;
+}
+
 static PyObject *
 scope_to_dict(const Scope *s)
 {
-    PyObject *reserved = NULL;
-    PyObject *d = Py_BuildValue(
-        "{s:I,s:L,s:L,s:L,s:K,s:L,s:L,s:K,s:K,s:L}",
-        "id", s->id,
-        "own", (long long)s->own,
-        "peak", (long long)s->peak,
-        "total_at_peak", (long long)s->total_at_peak,
-        "seq_at_peak", (unsigned long long)s->seq_at_peak,
-        "peak_total", (long long)s->peak_total,
-        "start_total", (long long)s->start_total,
-        "allocs", (unsigned long long)s->allocs,
-        "frees", (unsigned long long)s->frees,
-        "allocated_bytes", (long long)s->allocated_bytes);
+    PyObject *d = PyDict_New();
     if (d == NULL)
-        goto error;
-    if (s->reserved_peak < 0) {
-        reserved = Py_NewRef(Py_None);
+        return NULL;
+    if (set_new(d, K_ID, PyLong_FromUnsignedLong(s->id)) < 0
+        || set_new(d, K_OWN, PyLong_FromLongLong(s->own)) < 0
+        || set_new(d, K_PEAK, PyLong_FromLongLong(s->peak)) < 0
+        || set_new(d, K_TOTAL_AT_PEAK, PyLong_FromLongLong(s->total_at_peak)) < 0
+        || set_new(d, K_SEQ_AT_PEAK,
+                   PyLong_FromUnsignedLongLong(s->seq_at_peak)) < 0
+        || set_new(d, K_PEAK_TOTAL, PyLong_FromLongLong(s->peak_total)) < 0
+        || set_new(d, K_START_TOTAL, PyLong_FromLongLong(s->start_total)) < 0
+        || set_new(d, K_ALLOCS, PyLong_FromUnsignedLongLong(s->allocs)) < 0
+        || set_new(d, K_FREES, PyLong_FromUnsignedLongLong(s->frees)) < 0
+        || set_new(d, K_ALLOCATED_BYTES,
+                   PyLong_FromLongLong(s->allocated_bytes)) < 0
+        || set_new(d, K_RESERVED_PEAK,
+                   s->reserved_peak < 0 ? Py_NewRef(Py_None)
+                                        : PyLong_FromLongLong(s->reserved_peak)) < 0) {
+        Py_DECREF(d);
+        return NULL;
     }
-    else {
-        reserved = PyLong_FromLongLong(s->reserved_peak);
-        if (reserved == NULL)
-            goto error;
-    }
-    if (PyDict_SetItemString(d, "reserved_peak", reserved) < 0)
-        goto error;
-    Py_DECREF(reserved);
     return d;
-error:
-    Py_XDECREF(reserved);
-    Py_XDECREF(d);
-    return NULL;
 }
 
 /* (site, bytes) pairs of the sites whose figure is not zero. */
@@ -102,29 +132,17 @@ static PyObject *
 closed_scope_to_dict(const Scope *s)
 {
     PyObject *d = scope_to_dict(s);
-    PyObject *at_peak = NULL, *live = NULL, *site = NULL;
     if (d == NULL)
-        goto error;
-    if ((at_peak = sites_to_list(&s->sites, 1)) == NULL
-        || (live = sites_to_list(&s->sites, 0)) == NULL
-        || (site = PyLong_FromUnsignedLong(s->peak_site)) == NULL)
-        goto error;
-    if (PyDict_SetItemString(d, "at_peak", at_peak) < 0
-        || PyDict_SetItemString(d, "live_sites", live) < 0
-        || PyDict_SetItemString(d, "peak_site", site) < 0
-        || PyDict_SetItemString(d, "sites_complete",
-                                s->sites.oom ? Py_False : Py_True) < 0)
-        goto error;
-    Py_DECREF(at_peak);
-    Py_DECREF(live);
-    Py_DECREF(site);
+        return NULL;
+    if (set_new(d, K_AT_PEAK, sites_to_list(&s->sites, 1)) < 0
+        || set_new(d, K_LIVE_SITES, sites_to_list(&s->sites, 0)) < 0
+        || set_new(d, K_PEAK_SITE, PyLong_FromUnsignedLong(s->peak_site)) < 0
+        || set_new(d, K_SITES_COMPLETE,
+                   Py_NewRef(s->sites.oom ? Py_False : Py_True)) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
     return d;
-error:
-    Py_XDECREF(at_peak);
-    Py_XDECREF(live);
-    Py_XDECREF(site);
-    Py_XDECREF(d);
-    return NULL;
 }
 
 /* Turns the sticky error the hot path may have set into an exception. */
@@ -367,8 +385,9 @@ static PyObject *
 bridge_bind(PyObject *Py_UNUSED(module), PyObject *args)
 {
     unsigned long long install, uninstall, set_cpu, set_tracker;
-    if (!PyArg_ParseTuple(args, "KKKK:bridge_bind", &install, &uninstall,
-                          &set_cpu, &set_tracker))
+    unsigned long long cuda_totals = 0;
+    if (!PyArg_ParseTuple(args, "KKKK|K:bridge_bind", &install, &uninstall,
+                          &set_cpu, &set_tracker, &cuda_totals))
         return NULL;
     if (install == 0 || uninstall == 0 || set_cpu == 0 || set_tracker == 0) {
         PyErr_SetString(PyExc_ValueError, "bridge_bind: a null entry");
@@ -380,6 +399,7 @@ bridge_bind(PyObject *Py_UNUSED(module), PyObject *args)
     bridge.uninstall = (int (*)(char *, size_t))(uintptr_t)uninstall;
     bridge.set_cpu = (void (*)(int))(uintptr_t)set_cpu;
     bridge.set_tracker = (void (*)(int))(uintptr_t)set_tracker;
+    bridge.cuda_totals = (int (*)(int, int64_t *, int64_t *))(uintptr_t)cuda_totals;
     Py_RETURN_NONE;
 }
 
@@ -432,6 +452,22 @@ bridge_flag(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
     else
         bridge.set_tracker(on);
     Py_RETURN_NONE;
+}
+
+/* bridge_cuda_totals(index) -> (allocated, reserved) from the CUDA caching
+ * allocator's own counters, or None where the bridge cannot tell (no CUDA,
+ * an older bridge, an error): the caller asks torch.cuda then. */
+static PyObject *
+bridge_cuda_totals(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    long index = PyLong_AsLong(arg);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+    int64_t allocated = 0, reserved = 0;
+    if (bridge.cuda_totals == NULL || index < 0 || index > INT_MAX
+        || bridge.cuda_totals((int)index, &allocated, &reserved) != 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(LL)", (long long)allocated, (long long)reserved);
 }
 
 static PyObject *
@@ -685,8 +721,12 @@ static PyMethodDef engine_methods[] = {
     {"seq", engine_seq, METH_O,
      "seq(slot) -> the device's event number now (where a mark falls)."},
     {"bridge_bind", bridge_bind, METH_VARARGS,
-     "bridge_bind(install, uninstall, set_cpu, set_tracker): the loaded "
+     "bridge_bind(install, uninstall, set_cpu, set_tracker[, cuda_totals]): "
+     "the loaded "
      "bridge's entries, by address."},
+    {"bridge_cuda_totals", bridge_cuda_totals, METH_O,
+     "bridge_cuda_totals(index) -> (allocated, reserved) bytes of a CUDA "
+     "device, from its caching allocator, or None."},
     {"bridge_push", bridge_push, METH_NOARGS,
      "Pushes the reporter on this thread (RuntimeError with the bridge's "
      "message if it cannot)."},
@@ -759,7 +799,7 @@ engine_exec(PyObject *module)
             return -1;
         }
     }
-    if (Tracer_init(module, the_engine) < 0)
+    if (keys_init() < 0 || Tracer_init(module, the_engine) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "EVENT_REPORT", EVENT_REPORT) < 0
         || PyModule_AddIntConstant(module, "TIMELINE_MAX", TIMELINE_MAX) < 0

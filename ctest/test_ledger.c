@@ -83,6 +83,41 @@ test_colliding_runs_survive_removals(void **state)
     Ledger_fini(&l);
 }
 
+/* Clearing leaves an empty ledger alone, gives a grown one back as a small
+ * table, and either is usable afterwards. */
+static void
+test_clear_empty_and_grown(void **state)
+{
+    (void)state;
+    enum { N = 100000 };
+    Ledger l;
+    assert_int_equal(Ledger_init(&l, 1024), 0);
+    Block *before = l.slots;
+    Ledger_clear(&l);   /* empty: nothing swept, nothing reallocated */
+    assert_ptr_equal(l.slots, before);
+    assert_int_equal(l.mask + 1, 1024);
+    int created;
+    for (uintptr_t i = 1; i <= N; i++) {
+        Block *b = Ledger_insert(&l, i * 512, &created);
+        assert_non_null(b);
+        b->size = 1;
+    }
+    assert_true(l.mask + 1 > N);
+    Ledger_clear(&l);
+    assert_int_equal(l.count, 0);
+    assert_true(l.mask + 1 <= 4096);
+    for (uintptr_t i = 1; i <= N; i += 997)
+        assert_null(Ledger_find(&l, i * 512));
+    Block *b = Ledger_insert(&l, 512, &created);
+    assert_non_null(b);
+    assert_true(created);
+    assert_int_equal(l.count, 1);
+    Ledger_clear(&l);   /* small and not empty: swept in place */
+    assert_int_equal(l.count, 0);
+    assert_null(Ledger_find(&l, 512));
+    Ledger_fini(&l);
+}
+
 /* A pseudo-random workload against a plain array model. */
 static void
 test_random_against_model(void **state)
@@ -134,6 +169,7 @@ main(void)
         cmocka_unit_test(test_insert_find_remove),
         cmocka_unit_test(test_colliding_runs_survive_removals),
         cmocka_unit_test(test_random_against_model),
+        cmocka_unit_test(test_clear_empty_and_grown),
     };
     return cmocka_run_group_tests_name("ledger", tests, NULL, NULL);
 }

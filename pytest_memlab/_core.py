@@ -58,8 +58,11 @@ class Bridge:
         self.lib = lib
         self.path = path
         address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+        # A bridge from MEMLAB_BRIDGE may be older and lack the totals.
+        totals = getattr(lib, "memlab_bridge_cuda_totals", None)
         _engine.bridge_bind(address(lib.memlab_bridge_install), address(lib.memlab_bridge_uninstall),
-                            address(lib.memlab_bridge_set_cpu), address(lib.memlab_bridge_set_tracker))
+                            address(lib.memlab_bridge_set_cpu), address(lib.memlab_bridge_set_tracker),
+                            address(totals) if totals is not None else 0)
         self.tracker = None  # None: not tried; True: attached; str: why not
         self._cpu_users = 0
         self._cuda_users = 0
@@ -158,6 +161,16 @@ class Bridge:
         self._cpu_users += 1 if on else -1
         if (self._cpu_users > 0) != before:
             _engine.bridge_flag(0, self._cpu_users > 0)
+
+    def cuda_totals(self, cuda, index: int) -> tuple[int, int]:
+        """The allocated and reserved bytes of CUDA device index, as
+        torch.cuda.memory_allocated and memory_reserved give them, read in
+        C: those build and flatten the allocator's whole statistics
+        dictionary, twice, for every measured test."""
+        totals = _engine.bridge_cuda_totals(index)
+        if totals is None:
+            return cuda.memory_allocated(index), cuda.memory_reserved(index)
+        return totals
 
     def cuda(self, on: bool, initialized: bool = True) -> None:
         """Attaches the trace tracker once CUDA is initialised (attached

@@ -66,9 +66,7 @@ class EngineMeter:
             # first allocations with their totals all the same.
             initialized = cuda.is_initialized()
             if initialized:
-                index = cuda_index(self.device)
-                total = cuda.memory_allocated(index)
-                reserved = cuda.memory_reserved(index)
+                total, reserved = bridge.cuda_totals(cuda, cuda_index(self.device))
             else:
                 total = reserved = 0
         bridge.install()  # on this thread, until the scope ends
