@@ -40,3 +40,26 @@ def test_a_compile_error_is_reported_with_the_command(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "false")
     with pytest.raises(bb.BridgeBuildError, match="compiling the torch bridge failed"):
         bb.build(torch, tmp_path)
+
+
+def test_cuda_totals_without_cuda_fall_back_to_torch(core):
+    """Where the bridge cannot read the CUDA allocator (a CPU build of
+    torch, no CUDA), it says so with None and memlab asks torch.cuda."""
+    import torch
+
+    from pytest_memlab._core import engine
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: tests/test_cuda.py checks the totals")
+    assert engine.bridge_cuda_totals(0) is None
+
+    class FakeCuda:   # torch.cuda's two functions, as the fallback calls them
+        def memory_allocated(self, index):
+            return 1000 + index
+
+        def memory_reserved(self, index):
+            return 2000 + index
+
+    assert core.bridge.cuda_totals(FakeCuda(), 3) == (1003, 2003)
+    with pytest.raises(OverflowError):
+        engine.bridge_cuda_totals(2**80)

@@ -362,3 +362,20 @@ def test_courtesy_yields_and_restores_the_same_objects():
     dev = report.devices["cuda:0"]
     assert dev.allocated == torch.cuda.memory_allocated(0)
     assert dev.by_kind["parameters"] >= (1024 * 1024 + 1024) * 4
+
+
+def test_bridge_reads_the_cuda_allocators_totals_as_torch_does(core):
+    """Each measured test starts from the allocator's totals, read in C by
+    the bridge: they must be torch.cuda's own figures, to the byte."""
+    import torch
+
+    from pytest_memlab._core import engine
+
+    torch.cuda.init()
+    held = [torch.empty(n * MiB + 3, dtype=torch.uint8, device="cuda") for n in (1, 7, 33)]
+    for _ in range(2):
+        allocated, reserved = torch.cuda.memory_allocated(0), torch.cuda.memory_reserved(0)
+        assert engine.bridge_cuda_totals(0) == (allocated, reserved)
+        assert core.bridge.cuda_totals(torch.cuda, 0) == (allocated, reserved)
+        held.pop()
+    assert allocated > 0 and reserved >= allocated
