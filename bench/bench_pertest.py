@@ -62,8 +62,9 @@ def pytest_unconfigure(config):
 INTERLEAVE = '''
 import os, statistics, time, pytest
 
-BLOCK = 50
+BLOCK = 25
 _times = {True: [], False: []}
+_blocks = {}   # block number -> protocol times of its tests
 
 
 @pytest.hookimpl(trylast=True)
@@ -73,6 +74,10 @@ def pytest_collection_finish(session):
     for i, item in enumerate(session.items):
         if (i // BLOCK) % 2 and SPECS in item.stash:
             del item.stash[SPECS]
+        item.stash[_BLOCK] = i // BLOCK
+
+
+_BLOCK = pytest.StashKey[int]()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -82,13 +87,21 @@ def pytest_runtest_protocol(item, nextitem):
     measured = SPECS in item.stash
     t0 = time.perf_counter_ns()
     yield
-    _times[measured].append(time.perf_counter_ns() - t0)
+    elapsed = time.perf_counter_ns() - t0
+    _times[measured].append(elapsed)
+    _blocks.setdefault(item.stash[_BLOCK], []).append(elapsed)
 
 
 def pytest_unconfigure(config):
-    # the first block of each kind warms up
+    # The first pair of blocks warms up.  Each measured block is compared
+    # with the unmeasured block after it: a disturbance longer than a pair
+    # of blocks shifts both alike.
+    medians = [statistics.median(_blocks[b]) for b in sorted(_blocks)]
+    pairs = [medians[b] - medians[b + 1] for b in range(2, len(medians) - 1, 2)]
     with open(os.environ["PERTEST_CPU_OUT"], "w") as f:
-        f.write(repr({k: statistics.median(v[BLOCK:]) / 1000 for k, v in _times.items()}))
+        f.write(repr({"measured": statistics.median(_times[True][BLOCK:]) / 1000,
+                      "unmeasured": statistics.median(_times[False][BLOCK:]) / 1000,
+                      "paired": statistics.median(pairs) / 1000}))
 '''
 
 
@@ -148,8 +161,9 @@ def run_once(folder: str, args: list[str]) -> tuple[float, float]:
         return elapsed, float(f.read())
 
 
-def side_by_side(folder: str, cuda_init: bool = False) -> tuple[float, float]:
-    """(median us per measured test, per unmeasured test) in one process."""
+def side_by_side(folder: str, cuda_init: bool = False) -> tuple[float, float, float]:
+    """(median us per measured test, per unmeasured test, median of the
+    differences between neighbouring blocks) in one process."""
     cpu_out = os.path.join(folder, "cpu.txt")
     env = {**os.environ, "MEMLAB_CORE": os.environ.get("MEMLAB_CORE", "bridge"), "PERTEST_CPU_OUT": cpu_out,
            "PYTHONPATH": folder + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -161,7 +175,7 @@ def side_by_side(folder: str, cuda_init: bool = False) -> tuple[float, float]:
         raise SystemExit(f"the side-by-side run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     with open(cpu_out) as f:
         medians = eval(f.read(), {})
-    return medians[True], medians[False]
+    return medians["measured"], medians["unmeasured"], medians["paired"]
 
 
 def profile(folder: str) -> str:
@@ -177,6 +191,17 @@ def profile(folder: str) -> str:
     stats = pstats.Stats(out, stream=buf)
     stats.sort_stats("cumulative").print_stats("pytest_memlab", 25)
     return buf.getvalue()
+
+
+def side_table(rounds: list[tuple[float, float, float]]) -> list[str]:
+    rows = ["| round | measured (us) | unmeasured (us) | added: medians (us) | added: block pairs (us) |",
+            "| --- | --- | --- | --- | --- |"]
+    for r, (m, u, p) in enumerate(rounds, 1):
+        rows.append(f"| {r} | {m:.1f} | {u:.1f} | {m - u:.1f} | {p:.1f} |")
+    medians = statistics.median(m - u for m, u, _ in rounds)
+    paired = statistics.median(p for _, _, p in rounds)
+    rows.append(f"| median | | | {medians:.1f} | **{paired:.1f}** (target <= {TARGET_US:.0f} us) |")
+    return rows
 
 
 def main() -> None:
@@ -195,8 +220,8 @@ def main() -> None:
     configs = dict(CONFIGS)
     if args.no_memray or importlib.util.find_spec("pytest_memray") is None:
         del configs["memray"]
-    side: list[tuple[float, float]] = []
-    side_cuda: list[tuple[float, float]] = []
+    side: list[tuple[float, float, float]] = []
+    side_cuda: list[tuple[float, float, float]] = []
     if args.side_only:
         configs = {"unmeasured": configs["unmeasured"]}
     times: dict[str, list[float]] = {name: [] for name in configs}
@@ -211,11 +236,12 @@ def main() -> None:
                 cpu[name].append(in_tests)
             side.append(side_by_side(folder))
             print(f"round {r + 1}: side by side, measured {side[-1][0]:.1f} us, unmeasured {side[-1][1]:.1f} us "
-                  f"per test", flush=True)
+                  f"per test, block pairs {side[-1][2]:.1f} us", flush=True)
             if cuda:
                 side_cuda.append(side_by_side(folder, cuda_init=True))
                 print(f"round {r + 1}: side by side, CUDA initialised, measured {side_cuda[-1][0]:.1f} us, "
-                      f"unmeasured {side_cuda[-1][1]:.1f} us per test", flush=True)
+                      f"unmeasured {side_cuda[-1][1]:.1f} us per test, block pairs {side_cuda[-1][2]:.1f} us",
+                      flush=True)
             print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f}s ({cpu[n][-1]:.2f}s in tests)"
                                                  for n in times), flush=True)
         report = profile(folder) if args.profile else ""
@@ -238,21 +264,12 @@ def main() -> None:
         target = f"<= {TARGET_US:.0f} us, <= {TARGET_RATIO:.2f}x" if name == "memlab" else ""
         rows.append(f"| {name} | {med:.3f} | {med / base:.3f}x | {added:.0f} | {med_cpu:.3f} | "
                     f"{med_cpu / base_cpu:.3f}x | {added_cpu:.0f} | {target} |")
-    rows += ["", "Side by side in one `--memlab` process (blocks of 50 tests measured and not, "
-             "median per test protocol, each round's process its own):", "",
-             "| round | measured (us) | unmeasured (us) | added (us) | ratio |", "| --- | --- | --- | --- | --- |"]
-    for r, (m, u) in enumerate(side, 1):
-        rows.append(f"| {r} | {m:.1f} | {u:.1f} | {m - u:.1f} | {m / u:.3f}x |")
-    added_side = statistics.median(m - u for m, u in side)
-    rows.append(f"| median | | | **{added_side:.1f}** | target <= {TARGET_US:.0f} us |")
+    rows += ["", "Side by side in one `--memlab` process (blocks of 25 tests measured and not; "
+             "medians of the test protocols, and the median difference between each measured block and "
+             "the unmeasured block after it; each round's process its own):", ""] + side_table(side)
     if side_cuda:
         rows += ["", "The same with CUDA initialised by the session and a tensor held there (a GPU suite: "
-                 "each measured test reads the CUDA allocator's totals when it starts):", "",
-                 "| round | measured (us) | unmeasured (us) | added (us) | ratio |", "| --- | --- | --- | --- | --- |"]
-        for r, (m, u) in enumerate(side_cuda, 1):
-            rows.append(f"| {r} | {m:.1f} | {u:.1f} | {m - u:.1f} | {m / u:.3f}x |")
-        added_cuda = statistics.median(m - u for m, u in side_cuda)
-        rows.append(f"| median | | | **{added_cuda:.1f}** | target <= {TARGET_US:.0f} us |")
+                 "each measured test reads the CUDA allocator's totals when it starts):", ""] + side_table(side_cuda)
     table = "\n".join(rows)
     print(table)
     if report:

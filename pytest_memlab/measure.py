@@ -57,42 +57,35 @@ class EngineMeter:
 
     def begin(self) -> None:
         bridge = self.core.bridge
-        total = reserved = -1
-        initialized = False
-        if self.device != CPU:
-            cuda = self.core.torch.cuda
+        cuda = self.slot != 0
+        if cuda:
+            torch_cuda = self.core.torch.cuda
             # Never initialise CUDA for a test that may not use it: until it
             # is initialised it holds nothing, and the reporter hears its
             # first allocations with their totals all the same.
-            initialized = cuda.is_initialized()
+            initialized = torch_cuda.is_initialized()
             if initialized:
-                total, reserved = bridge.cuda_totals(cuda, cuda_index(self.device))
+                total, reserved = bridge.cuda_totals(torch_cuda, self.slot - 1)
             else:
                 total = reserved = 0
-        bridge.install()  # on this thread, until the scope ends
-        if self.device == CPU:
-            bridge.cpu(True)
         else:
-            bridge.cuda(True, initialized)
+            initialized = False
+            total = reserved = -1
+        bridge.enter(cuda, initialized)  # on this thread, until the scope ends
         try:
-            self.scope_id = engine.begin(self.slot, self.detached, total, reserved)
+            self.scope_id = scope = engine.begin(self.slot, self.detached, total, reserved)
             if self.timeline:
-                engine.timeline_start(self.slot, self.scope_id)
+                engine.timeline_start(self.slot, scope)
             if self.log:
                 from .snapshot import MAX_ENTRIES
 
-                engine.alloc_log_start(self.slot, self.scope_id, MAX_ENTRIES)
+                engine.alloc_log_start(self.slot, scope, MAX_ENTRIES)
         except BaseException:
             self._release()
             raise
 
     def _release(self, park: bool = False) -> None:
-        bridge = self.core.bridge
-        if self.device == CPU:
-            bridge.cpu(False)
-        else:
-            bridge.cuda(False)
-        bridge.uninstall(park)
+        self.core.bridge.leave(self.slot != 0, park)
 
     def _figures(self, s: dict) -> DeviceFigures:
         return DeviceFigures(
@@ -127,12 +120,13 @@ class EngineMeter:
 
     def end(self, park: bool = False) -> DeviceFigures:
         try:
-            raw = engine.end(self.slot, self.scope_id)
+            s = engine.end(self.slot, self.scope_id)
         finally:
-            self._release(park)
-        figures = self._figures(raw)
-        figures.attribution = Attribution.from_scope(raw)
-        return figures
+            self.core.bridge.leave(self.slot != 0, park)
+        return DeviceFigures(
+            self.device, True, "", BRIDGE, s["peak"], s["peak_total"], s["total_at_peak"], s["reserved_peak"],
+            s["start_total"], s["own"], s["allocs"], s["frees"], False, s["seq_at_peak"],
+            attribution=Attribution(s["peak_site"], s["at_peak"], s["sites_complete"]))
 
 
 class CounterMeter:
@@ -283,9 +277,10 @@ class Measurement:
     def end(self) -> dict[str, DeviceFigures]:
         figures: dict[str, DeviceFigures] = {}
         error = None
-        for device, meter in reversed(list(self.meters.items())):
+        meters = self.meters
+        for device in reversed(meters) if len(meters) > 1 else meters:
             try:
-                figures[device] = meter.end(self.park)
+                figures[device] = meters[device].end(self.park)
             except Exception as exc:  # keep closing the others
                 error = error or exc
                 figures[device] = DeviceFigures(device, False, reason=f"measurement failed: {exc}")
@@ -294,25 +289,24 @@ class Measurement:
                 self._trace_off()
         except Exception as exc:  # a scope decision raised: say so
             error = error or exc
-        if self._traced_once:
-            for device, fig in figures.items():
-                if fig.measured:
-                    fig.lines = line_stats(slot_of(device))
-        if self.detail:
-            for device, meter in self.meters.items():
-                fig = figures.get(device)
-                if fig is not None and fig.measured and isinstance(meter, EngineMeter) and meter.timeline:
-                    fig.timeline = engine.timeline(meter.slot, self.DETAIL_POINTS)
-        for device, meter in self.meters.items():
-            fig = figures.get(device)
-            if fig is not None and fig.measured and isinstance(meter, EngineMeter) and meter.log:
+        for device, meter in meters.items():
+            fig = figures[device]
+            if not fig.measured or meter.__class__ is not EngineMeter:
+                continue
+            if self._traced_once:
+                fig.lines = line_stats(meter.slot)
+            if self.detail and meter.timeline:
+                fig.timeline = engine.timeline(meter.slot, self.DETAIL_POINTS)
+            if meter.log:
                 fig.alloc_log = engine.alloc_log_take(meter.slot)
-        for device, reason in self.unmeasured.items():
-            figures[device] = DeviceFigures(device, False, reason=reason)
-        self.final = {d: figures[d] for d in self.devices}
+        if self.unmeasured or len(meters) > 1:
+            for device, reason in self.unmeasured.items():
+                figures[device] = DeviceFigures(device, False, reason=reason)
+            figures = {d: figures[d] for d in self.devices}
+        self.final = figures
         if error is not None:
             raise error
-        return self.final
+        return figures
 
     def check_leaks(self, allowed: dict[str, int], top: int = 5, item=None) -> dict:
         """The leak protocol, before the measurement ends: for each device

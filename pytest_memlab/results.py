@@ -66,9 +66,13 @@ class DeviceResult:
             result.leaked = figures.live
             lines = [ln for ln in figures.lines if ln.allocated > 0]
             if lines:
-                lines.sort(key=_allocated, reverse=True)
-                result.top = [{**ln.frame.as_dict(), "bytes": ln.allocated, "peak_total": ln.peak_total}
-                              for ln in lines[:top]]
+                if len(lines) > 1:
+                    lines.sort(key=_allocated, reverse=True)
+                rows = result.top = []
+                for ln in lines[:top]:
+                    f = ln.frame
+                    rows.append({"file": f.file, "line": f.line, "function": f.function, "bytes": ln.allocated,
+                                 "peak_total": ln.peak_total})
         if spec is not None and spec.marked:
             result.max, result.max_total, result.max_reserved = spec.max, spec.max_total, spec.max_reserved
         return result
