@@ -44,7 +44,6 @@ class MemlabLeakWarning(UserWarning):
     """A measured test left tensors allocated after its teardown (the
     ``warn`` leak policy); the text names them and their holders."""
 
-RUNNING = pytest.StashKey["Running"]()
 
 
 def pytest_addoption(parser):
@@ -142,6 +141,7 @@ class MemlabPlugin:
         self.options = Options.from_config(config)
         self.detail = self.options.detail     # timelines and marks for a JSON or HTML report
         self._auto = ""                       # the device an unmarked test measures, once known
+        self._running: tuple | None = None    # (item, Running) of the test being measured
         tracing.scope.configure(config.rootpath, self.options.include)
         self.trace_notes: set[str] = set()
         self.current: Measurement | None = None
@@ -222,6 +222,13 @@ class MemlabPlugin:
             raise pytest.UsageError("pytest-memlab: bad memory marker\n  " + "\n  ".join(errors))
 
     # -- measuring ------------------------------------------------------------
+    def running(self, item) -> Running | None:
+        """The Running of item's protocol, while memlab measures it (one
+        test at a time per process; an attribute, not the item's stash:
+        several hooks ask for it in every test)."""
+        current = self._running
+        return current[1] if current is not None and current[0] is item else None
+
     def _auto_device(self, core) -> str:
         """What an unmarked test measures (asked of torch once)."""
         self._auto = default_device(core)
@@ -243,7 +250,8 @@ class MemlabPlugin:
     def _begin(self, item, specs) -> str | None:
         """Opens the measurement; returns a failure to raise when a backend
         that MEMLAB_CORE required is missing."""
-        running = item.stash[RUNNING] = Running(specs, nodeid=item.nodeid)
+        running = Running(specs, nodeid=item.nodeid)
+        self._running = (item, running)
         try:
             c = core()
             if not self.backend:
@@ -283,7 +291,7 @@ class MemlabPlugin:
         measurement = self.current
         if measurement is None:
             return (yield)
-        running = request.node.stash.get(RUNNING, None)
+        running = self.running(request.node)
         if running is not None:
             running.fixtures += 1
         meters = []
@@ -302,7 +310,7 @@ class MemlabPlugin:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
-        running = pyfuncitem.stash.get(RUNNING, None)
+        running = self.running(pyfuncitem)
         if running is None or running.measurement is None or running.repeating:
             return (yield)
         with running.measurement.window():
@@ -337,7 +345,7 @@ class MemlabPlugin:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem):
-        running = item.stash.get(RUNNING, None)
+        running = self.running(item)
         if running is None or running.measurement is None:
             return (yield)
         try:
@@ -403,24 +411,28 @@ class MemlabPlugin:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
         report = yield
-        running = item.stash.get(RUNNING, None)
-        if running is not None and report.failed:
-            running.user_failed = True   # memlab has not judged yet: this failure is the test's
-        if running is None or call.when == "setup":
+        running = self.running(item)
+        if running is None:
             return report
-        if call.when == "call" and (report.failed or call.excinfo is not None):
+        failed = report.outcome == "failed"
+        if failed:
+            running.user_failed = True   # memlab has not judged yet: this failure is the test's
+        when = call.when
+        if when == "setup":
+            return report
+        if when == "call" and (failed or call.excinfo is not None):
             running.call_failed = True
         try:
-            self._judge(running, report, final=call.when == "teardown")
+            self._judge(running, report, final=when == "teardown")
         except Exception as exc:  # memlab's trouble, never the test's
             running.error = running.error or f"judging failed: {type(exc).__name__}: {exc}"
-        if call.when == "teardown":
-            result = self._result(item.nodeid, running)
+        if when == "teardown":
+            result = self._result(running.nodeid, running)
             report.user_properties.extend(encode(result))
-            self._made[item.nodeid] = result  # this process's own, spared decoding
-            # The item lives until the session ends: keeping every test's
-            # measurement would grow what the garbage collector walks.
-            del item.stash[RUNNING]
+            self._made[running.nodeid] = result  # this process's own, spared decoding
+            # Keeping every test's measurement would grow what the garbage
+            # collector walks.
+            self._running = None
         return report
 
     def _judge(self, running: Running, report, final: bool) -> None:
@@ -560,17 +572,23 @@ class MemlabPlugin:
     def pytest_runtest_logreport(self, report):
         """Results come with the teardown report (also under xdist, where
         the controller sees only reports)."""
-        if report.when == "call":
+        when = report.when
+        if when == "call":
             self._outcomes[report.nodeid] = report.outcome
             return
-        if report.when != "teardown":
+        if when != "teardown":
             return
-        result = self._made.pop(report.nodeid, None) or decode(report.nodeid, report.user_properties)
-        outcome = self._outcomes.pop(report.nodeid, "error")
+        nodeid = report.nodeid
+        outcome = self._outcomes.pop(nodeid, "error")
+        result = self._made.pop(nodeid, None)
         if result is None:
-            return
-        result.outcome = "error" if report.failed and outcome == "passed" else outcome
-        self.results[report.nodeid] = result
+            if not report.user_properties:
+                return   # not measured
+            result = decode(nodeid, report.user_properties)
+            if result is None:
+                return
+        result.outcome = "error" if report.outcome == "failed" and outcome == "passed" else outcome
+        self.results[nodeid] = result
 
     def pytest_itemcollected(self, item):
         self.collected.add(item.nodeid)   # before deselection: a deselected test still exists
@@ -688,7 +706,8 @@ class MemlabPlugin:
 def memlab(request) -> Measurement:
     """The running test's memory measurement: ``peak``, ``live``,
     ``total``, ``mark(label)``, ``limit(size)``, ``figures(device)``."""
-    running = request.node.stash.get(RUNNING, None)
+    manager = request.config.pluginmanager.get_plugin("memlab-manager")
+    running = manager.running(request.node) if manager is not None else None
     if running is None or running.measurement is None:
         why = f": {running.error}" if running is not None and running.error else ""
         pytest.fail(f"pytest-memlab is not measuring this test{why}", pytrace=False)
