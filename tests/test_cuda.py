@@ -83,6 +83,10 @@ def test_autograd_thread_allocations_reach_the_reporter(core):
 
 
 def test_free_on_a_plain_thread_is_seen_through_the_tracker(core):
+    import torch
+
+    torch.cuda.init()
+    _measure(core).end()   # the tracker is attached by the first measurement after CUDA's initialisation
     if core.bridge.tracker is not True:
         pytest.skip(f"no CUDA trace tracker: {core.bridge.tracker}")
     import torch
