@@ -104,34 +104,20 @@ class Bridge:
             self._local.aside = False
 
     def enter(self, cuda: bool, initialized: bool = False) -> None:
-        """install() and the device's reporting on (cpu(True) or
-        cuda(True, initialized)), in one call: this runs for every measured
-        test and device, so the common case (the reporter not yet pushed,
-        the hooks parked by the previous test) is spelled out here."""
-        local = self._local
-        depth = getattr(local, "depth", 0)
-        if depth == 0:
-            self._push()
-            if self._hooks_parked:
-                self._hooks_parked = False
-            else:
-                self._profiler_hooks(+1)
-        local.depth = depth + 1
+        """install() and the device's reporting on: what one measured scope
+        of one device needs of the bridge."""
+        self.install()
         if cuda:
             self.cuda(True, initialized)
         else:
-            self._cpu_users += 1
-            if self._cpu_users == 1:
-                _engine.bridge_flag(0, True)
+            self.cpu(True)
 
     def leave(self, cuda: bool, park: bool = False) -> None:
         """Undoes one enter()."""
         if cuda:
             self.cuda(False)
         else:
-            self._cpu_users -= 1
-            if self._cpu_users == 0:
-                _engine.bridge_flag(0, False)
+            self.cpu(False)
         self.uninstall(park)
 
     def unpark(self) -> None:

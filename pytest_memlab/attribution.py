@@ -97,7 +97,7 @@ class Attribution:
     @property
     def at_peak(self) -> list[SiteBytes]:
         """What was live at the peak, by allocating site, heaviest first."""
-        return [SiteBytes(b, chain_of(site)) for site, b in sorted(self.site_bytes, key=lambda sb: -sb[1]) if b > 0]
+        return [SiteBytes(b, chain_of(site)) for site, b in sorted(self.site_bytes, key=lambda sb: -sb[1])]
 
 
 class LineStat:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ._core import BRIDGE, COUNTERS, Core, engine
 from .attribution import Attribution, LineStat, line_stats
-from .devices import CPU, cuda_index, resolve, slot_of
+from .devices import cuda_index, resolve, slot_of
 from .sizes import parse_size
 from .tracing import WINDOWED, tracing
 
@@ -122,11 +122,10 @@ class EngineMeter:
         try:
             s = engine.end(self.slot, self.scope_id)
         finally:
-            self.core.bridge.leave(self.slot != 0, park)
-        return DeviceFigures(
-            self.device, True, "", BRIDGE, s["peak"], s["peak_total"], s["total_at_peak"], s["reserved_peak"],
-            s["start_total"], s["own"], s["allocs"], s["frees"], False, s["seq_at_peak"],
-            attribution=Attribution(s["peak_site"], s["at_peak"], s["sites_complete"]))
+            self._release(park)
+        figures = self._figures(s)
+        figures.attribution = Attribution.from_scope(s)
+        return figures
 
 
 class CounterMeter:
@@ -278,7 +277,7 @@ class Measurement:
         figures: dict[str, DeviceFigures] = {}
         error = None
         meters = self.meters
-        for device in reversed(meters) if len(meters) > 1 else meters:
+        for device in reversed(meters):
             try:
                 figures[device] = meters[device].end(self.park)
             except Exception as exc:  # keep closing the others
@@ -299,14 +298,12 @@ class Measurement:
                 fig.timeline = engine.timeline(meter.slot, self.DETAIL_POINTS)
             if meter.log:
                 fig.alloc_log = engine.alloc_log_take(meter.slot)
-        if self.unmeasured or len(meters) > 1:
-            for device, reason in self.unmeasured.items():
-                figures[device] = DeviceFigures(device, False, reason=reason)
-            figures = {d: figures[d] for d in self.devices}
-        self.final = figures
+        for device, reason in self.unmeasured.items():
+            figures[device] = DeviceFigures(device, False, reason=reason)
+        self.final = {d: figures[d] for d in self.devices}
         if error is not None:
             raise error
-        return figures
+        return self.final
 
     def check_leaks(self, allowed: dict[str, int], top: int = 5, item=None) -> dict:
         """The leak protocol, before the measurement ends: for each device

@@ -140,7 +140,6 @@ class MemlabPlugin:
         self.config = config
         self.options = Options.from_config(config)
         self.detail = self.options.detail     # timelines and marks for a JSON or HTML report
-        self._auto = ""                       # the device an unmarked test measures, once known
         self._running: tuple | None = None    # (item, Running) of the test being measured
         tracing.scope.configure(config.rootpath, self.options.include)
         self.trace_notes: set[str] = set()
@@ -229,10 +228,9 @@ class MemlabPlugin:
         current = self._running
         return current[1] if current is not None and current[0] is item else None
 
-    def _auto_device(self, core) -> str:
-        """What an unmarked test measures (asked of torch once)."""
-        self._auto = default_device(core)
-        return self._auto
+    @staticmethod
+    def _requested(core, spec: MemorySpec) -> str:
+        return default_device(core) if spec.kind == "auto" else spec.device
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item):
@@ -256,21 +254,14 @@ class MemlabPlugin:
             c = core()
             if not self.backend:
                 self.backend = f"{c.name}: {c.reason}"
-            auto = self._auto or self._auto_device(c)
-            requested = [auto if spec.kind == "auto" else spec.device for spec in specs]
-            measurement = Measurement(c, requested if len(requested) == 1 else list(dict.fromkeys(requested)),
-                                      park=True, timeline=True, log=self.options.snapshot is not None)
+            requested = [self._requested(c, spec) for spec in specs]
+            measurement = Measurement(c, list(dict.fromkeys(requested)), park=True, timeline=True,
+                                      log=self.options.snapshot is not None)
             measurement.detail = self.detail
             resolved = measurement.resolved
-            if len(specs) == 1:
-                concrete = resolved[requested[0]]
-                running.devices = [(specs[0], concrete)]
-                running.names = {concrete: requested[0]}
-                running.judged = self.baseline is not None or specs[0].marked
-            else:
-                running.devices = [(spec, resolved[r]) for spec, r in zip(specs, requested)]
-                running.names = {resolved[r]: r for r in requested}
-                running.judged = self.baseline is not None or any(spec.marked for spec in specs)
+            running.devices = [(spec, resolved[r]) for spec, r in zip(specs, requested)]
+            running.names = {resolved[r]: r for r in requested}
+            running.judged = self.baseline is not None or any(spec.marked for spec in specs)
             if self.baseline is not None:
                 self._env_name(c)
             measurement.begin()

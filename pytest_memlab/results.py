@@ -66,8 +66,7 @@ class DeviceResult:
             result.leaked = figures.live
             lines = [ln for ln in figures.lines if ln.allocated > 0]
             if lines:
-                if len(lines) > 1:
-                    lines.sort(key=_allocated, reverse=True)
+                lines.sort(key=_allocated, reverse=True)
                 rows = result.top = []
                 for ln in lines[:top]:
                     f = ln.frame

@@ -28,7 +28,6 @@ from ._core import engine
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 WINDOWED = sys.version_info < (3, 12)
-SYSMON = not WINDOWED   # sys.monitoring: no other tracer to conflict with
 
 # Phase functions: the scope decision returns 1 + the kind for them
 # (csrc/phases.h), and the tracer marks their outermost call on the test's
@@ -162,13 +161,6 @@ class Tracing:
 
     def acquire(self, *, paths: bool = False, codes=()) -> bool:
         """Starts or joins the tracer; False (with off_reason) if it cannot run."""
-        scope = self.scope
-        if paths and not codes and self.users == 0 and not scope.paths_on and SYSMON and scope.phases:
-            # Every measured test, on sys.monitoring (nothing to conflict with).
-            scope.paths_on = True
-            engine.tracer_start(scope)
-            self.users = 1
-            return True
         changed = self._remember(paths, codes)
         if self.users == 0:
             reason = self.conflict()
@@ -199,11 +191,6 @@ class Tracing:
         sys.monitoring, its events stay on (and cost nothing) until
         :meth:`unpark`: the next measured test then finds every out-of-scope
         code object still disabled instead of re-instrumenting it."""
-        if paths and not codes and self.users == 1:   # every measured test
-            self.users = 0
-            self.scope.paths_on = False
-            engine.tracer_stop(park=park)
-            return
         self.users -= 1
         self._forget(paths, codes)
         if self.users == 0:
