@@ -127,13 +127,25 @@ PyObject *
 Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n)
 {
     (void)m;
-    MON_ENTER(1);
+    /* Parked between measured tests, PY_START stays on: code out of scope
+     * is disabled then too.  Otherwise what pytest runs between one test's
+     * end and the next one's start would never be disabled, and would
+     * report again in every measured test.  (Parking keeps the scope's
+     * rule as it was while tracing, so the decision is the same.) */
+    if (n < 1 || in_callback)
+        Py_RETURN_NONE;
+    int tracing = atomic_load_explicit(&T.tracing, memory_order_relaxed);
+    if (!tracing && !T.parked)
+        Py_RETURN_NONE;
+    in_callback = 1;
     PyObject *code = args[0];
     CodeInfo *ci = Tracer_code_info(code);
     if (ci == NULL)
         MON_LEAVE(Py_None);
     if (!ci->in_scope && !ci->phase)
         MON_LEAVE(T.disable);   /* never again for this code */
+    if (!tracing)
+        MON_LEAVE(Py_None);     /* in scope: its events wait for a test */
     if (ci->local_run != T.run) {
         /* A phase function only needs its returns (its depth), no lines. */
         ci->local_run = T.run;

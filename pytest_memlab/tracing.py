@@ -192,7 +192,11 @@ class Tracing:
         :meth:`unpark`: the next measured test then finds every out-of-scope
         code object still disabled instead of re-instrumenting it."""
         self.users -= 1
-        self._forget(paths, codes)
+        parking = park and self.users == 0 and not WINDOWED
+        # A parked tracer still decides the code that first runs between
+        # two measured tests (and disables what is out of scope): the path
+        # rule stays in force for it until unpark.
+        self._forget(paths and not parking, codes)
         if self.users == 0:
             engine.tracer_stop(park=park)
         elif paths or codes:
@@ -203,6 +207,7 @@ class Tracing:
         is not measured, and at the end of the session)."""
         if self.users == 0:
             engine.tracer_unpark()
+            self.scope.paths_on = False
 
 
 tracing = Tracing()
