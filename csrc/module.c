@@ -54,6 +54,10 @@ static const char *const key_names[K_COUNT] = {
 };
 static PyObject *keys[K_COUNT];
 
+/* Raised where pushing or popping the reporter fails (the bridge's message):
+ * the plugin tells it apart from the engine's own errors. */
+static PyObject *bridge_error;
+
 static int
 keys_init(void)
 {
@@ -413,29 +417,102 @@ bridge_check(void)
     return 0;
 }
 
-static PyObject *
-bridge_push(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+/* The reporter's installs on this thread, counted: the first pushes it into
+ * torch's profiler slot, the last pops it (unless torch.profiler stepped it
+ * aside meanwhile, and popped it then).  Scopes open on each device, counted
+ * over all threads: CPU reporting and the CUDA tracker are on while any is.
+ * The GIL orders every change. */
+static _Thread_local int install_depth;
+static _Thread_local int stepped_aside;
+static int flag_users[2];
+
+static int
+bridge_install_counted(int *first)
 {
     char err[512] = "";
-    if (bridge_check() < 0)
-        return NULL;
-    if (bridge.install(&Engine_sink, the_engine, err, sizeof err) != 0)
-        return PyErr_Format(PyExc_RuntimeError, "%s", err);
-    Py_RETURN_NONE;
+    *first = install_depth == 0;
+    if (*first && bridge.install(&Engine_sink, the_engine, err, sizeof err) != 0) {
+        PyErr_Format(bridge_error, "%s", err);
+        return -1;
+    }
+    install_depth++;
+    return 0;
+}
+
+/* 1 when this undid the thread's last install, 0 when not, -1 when popping
+ * the reporter failed (the count is down all the same). */
+static int
+bridge_uninstall_counted(void)
+{
+    char err[512] = "";
+    if (install_depth == 0 || --install_depth > 0)
+        return 0;
+    int aside = stepped_aside;
+    stepped_aside = 0;
+    if (!aside && bridge.uninstall(err, sizeof err) != 0) {
+        PyErr_Format(bridge_error, "%s", err);
+        return -1;
+    }
+    return 1;
+}
+
+static void
+bridge_use(int which, int delta)
+{
+    int before = flag_users[which] > 0;
+    flag_users[which] += delta;
+    if (flag_users[which] < 0)
+        flag_users[which] = 0;
+    int now = flag_users[which] > 0;
+    if (now != before)
+        (which == 0 ? bridge.set_cpu : bridge.set_tracker)(now);
 }
 
 static PyObject *
-bridge_pop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+bridge_install(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
-    char err[512] = "";
+    int first;
+    if (bridge_check() < 0 || bridge_install_counted(&first) < 0)
+        return NULL;
+    return PyBool_FromLong(first);
+}
+
+static PyObject *
+bridge_uninstall(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
     if (bridge_check() < 0)
         return NULL;
-    if (bridge.uninstall(err, sizeof err) != 0)
-        return PyErr_Format(PyExc_RuntimeError, "%s", err);
+    int last = bridge_uninstall_counted();
+    return last < 0 ? NULL : PyBool_FromLong(last);
+}
+
+static PyObject *
+bridge_depth(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    return PyLong_FromLong(install_depth);
+}
+
+/* torch.profiler refuses a thread whose profiler slot holds anything: its
+ * start hook steps the reporter aside (on), its stop hook brings it back. */
+static PyObject *
+bridge_step_aside(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    char err[512] = "";
+    int on = PyObject_IsTrue(arg);
+    if (on < 0 || bridge_check() < 0)
+        return NULL;
+    if (install_depth == 0 || on == stepped_aside)
+        Py_RETURN_NONE;
+    int rc = on ? bridge.uninstall(err, sizeof err)
+                : bridge.install(&Engine_sink, the_engine, err, sizeof err);
+    if (rc != 0)
+        return PyErr_Format(bridge_error, "%s", err);
+    stepped_aside = on;
     Py_RETURN_NONE;
 }
 
-/* bridge_flag(which, on): which 0 is CPU reporting, 1 the CUDA tracker. */
+/* bridge_flag(which, on): one more (or one fewer) scope open on CPU
+ * reporting (0) or the CUDA tracker (1). */
 static PyObject *
 bridge_flag(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
 {
@@ -447,11 +524,94 @@ bridge_flag(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
     int on = PyObject_IsTrue(args[1]);
     if ((which == -1 && PyErr_Occurred()) || on < 0 || bridge_check() < 0)
         return NULL;
-    if (which == 0)
-        bridge.set_cpu(on);
-    else
-        bridge.set_tracker(on);
+    bridge_use(which != 0, on ? 1 : -1);
     Py_RETURN_NONE;
+}
+
+/* open(slot, detached, total, reserved, timeline, log_max) -> (scope id,
+ * first install on this thread): what one measured scope needs, in one
+ * call (a measured test opens one per device): the reporter installed, the
+ * device's reporting on, the scope, its timeline and allocation log.  Undone
+ * whole when any part fails. */
+static PyObject *
+engine_open(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
+{
+    int first = 0, slot, detached, timeline;
+    long long total, reserved;
+    unsigned long log_max;
+    uint32_t id;
+    if (n != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "open(slot, detached, total, reserved, timeline, log_max)");
+        return NULL;
+    }
+    slot = (int)PyLong_AsLong(args[0]);
+    detached = PyObject_IsTrue(args[1]);
+    total = PyLong_AsLongLong(args[2]);
+    reserved = PyLong_AsLongLong(args[3]);
+    timeline = PyObject_IsTrue(args[4]);
+    log_max = PyLong_AsUnsignedLong(args[5]);
+    if (PyErr_Occurred() || detached < 0 || timeline < 0 || check_slot(slot) < 0
+        || bridge_check() < 0)
+        return NULL;
+    if (bridge_install_counted(&first) < 0)
+        return NULL;
+    bridge_use(slot != 0, 1);
+    if (Engine_begin(the_engine, slot, detached, total, reserved, &id) < 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "cannot open a scope on device slot %d: more than %d "
+                     "nested scopes, or out of memory", slot, SCOPE_MAX_DEPTH);
+        goto error;
+    }
+    if ((timeline && Engine_timeline_start(the_engine, slot, id) < 0)
+        || (log_max > 0
+            && Engine_alloc_log_start(the_engine, slot, id, (uint32_t)log_max) < 0)) {
+        Scope s;
+        if (Engine_end(the_engine, slot, id, &s) == 0)
+            Scope_fini(&s);
+        PyErr_NoMemory();
+        goto error;
+    }
+    return Py_BuildValue("(IO)", id, first ? Py_True : Py_False);
+error:
+    bridge_use(slot != 0, -1);
+    if (bridge_uninstall_counted() < 0)
+        PyErr_Clear();   /* the first error is the one to tell */
+    return NULL;
+}
+
+/* close(slot, scope_id) -> (figures, last install on this thread): undoes
+ * open(), the reporting and the install even when the scope is not the
+ * innermost (ValueError then). */
+static PyObject *
+engine_close(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "close(slot, scope_id)");
+        return NULL;
+    }
+    int slot = (int)PyLong_AsLong(args[0]);
+    unsigned long id = PyLong_AsUnsignedLong(args[1]);
+    if (PyErr_Occurred() || check_slot(slot) < 0 || bridge_check() < 0)
+        return NULL;
+    Scope s;
+    int ended = Engine_end(the_engine, slot, (uint32_t)id, &s) == 0;
+    bridge_use(slot != 0, -1);
+    int last = bridge_uninstall_counted();
+    if (!ended) {
+        if (last < 0)
+            PyErr_Clear();   /* the scope's error is the one to tell */
+        return PyErr_Format(PyExc_ValueError,
+                            "scope %lu is not the innermost open scope of "
+                            "device slot %d", id, slot);
+    }
+    PyObject *figures = NULL;
+    if (last >= 0 && raise_engine_error(slot) == 0)
+        figures = closed_scope_to_dict(&s);
+    Scope_fini(&s);
+    if (figures == NULL)
+        return NULL;
+    return Py_BuildValue("(NO)", figures, last ? Py_True : Py_False);
 }
 
 /* bridge_cuda_totals(index) -> (allocated, reserved) from the CUDA caching
@@ -727,13 +887,27 @@ static PyMethodDef engine_methods[] = {
     {"bridge_cuda_totals", bridge_cuda_totals, METH_O,
      "bridge_cuda_totals(index) -> (allocated, reserved) bytes of a CUDA "
      "device, from its caching allocator, or None."},
-    {"bridge_push", bridge_push, METH_NOARGS,
-     "Pushes the reporter on this thread (RuntimeError with the bridge's "
-     "message if it cannot)."},
-    {"bridge_pop", bridge_pop, METH_NOARGS,
-     "Pops the reporter if it is this thread's innermost profiler state."},
+    {"bridge_install", bridge_install, METH_NOARGS,
+     "bridge_install() -> whether this pushed the reporter: one more install "
+     "on this thread (RuntimeError with the bridge's message if it cannot)."},
+    {"bridge_uninstall", bridge_uninstall, METH_NOARGS,
+     "bridge_uninstall() -> whether this was the thread's last install (the "
+     "reporter popped)."},
+    {"bridge_depth", bridge_depth, METH_NOARGS,
+     "bridge_depth() -> installs open on this thread."},
+    {"bridge_step_aside", bridge_step_aside, METH_O,
+     "bridge_step_aside(on): pop the reporter for torch.profiler while it "
+     "runs (on), push it back (off); nothing where none is installed."},
     {"bridge_flag", (PyCFunction)(void (*)(void))bridge_flag, METH_FASTCALL,
-     "bridge_flag(which, on): 0 CPU reporting, 1 the CUDA trace tracker."},
+     "bridge_flag(which, on): one scope more or fewer on CPU reporting (0) "
+     "or the CUDA tracker (1); on while any is open."},
+    {"open", (PyCFunction)(void (*)(void))engine_open, METH_FASTCALL,
+     "open(slot, detached, total, reserved, timeline, log_max) -> (scope_id, "
+     "first): install, reporting on, begin, timeline and allocation log in "
+     "one call; first when this was the thread's first install."},
+    {"close", (PyCFunction)(void (*)(void))engine_close, METH_FASTCALL,
+     "close(slot, scope_id) -> (figures, last): end() and undo open(); last "
+     "when this was the thread's last install."},
     {"totals", engine_totals, METH_VARARGS,
      "totals(slot) -> (total, reserved or None), or None if never used."},
     {"blocks", engine_blocks, METH_VARARGS,
@@ -800,6 +974,12 @@ engine_exec(PyObject *module)
         }
     }
     if (keys_init() < 0 || Tracer_init(module, the_engine) < 0)
+        return -1;
+    if (bridge_error == NULL
+        && (bridge_error = PyErr_NewException("pytest_memlab._engine.BridgeError",
+                                              PyExc_RuntimeError, NULL)) == NULL)
+        return -1;
+    if (PyModule_AddObjectRef(module, "BridgeError", bridge_error) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "EVENT_REPORT", EVENT_REPORT) < 0
         || PyModule_AddIntConstant(module, "TIMELINE_MAX", TIMELINE_MAX) < 0

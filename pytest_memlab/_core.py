@@ -64,83 +64,59 @@ class Bridge:
                             address(lib.memlab_bridge_set_cpu), address(lib.memlab_bridge_set_tracker),
                             address(totals) if totals is not None else 0)
         self.tracker = None  # None: not tried; True: attached; str: why not
-        self._cpu_users = 0
-        self._cuda_users = 0
-        self._local = threading.local()  # install depth per thread
         self._hooks_lock = threading.Lock()
         self._hook_users = 0
         self._saved_hooks = None
         self._hooks_parked = False
 
+    # The install depth of each thread and the count of scopes open on each
+    # device live in the engine module, which pushes and pops the reporter
+    # itself: a ctypes call would drop and retake the GIL, and the counting
+    # is part of the one call that opens a measured scope (engine.open).
     def install(self) -> None:
         """Pushes the reporter into torch's profiler slot on the calling
         thread, unless it is there already; each install is undone by one
         uninstall, and the last one pops it, so that the slot is torch's
         again between measurements."""
-        depth = getattr(self._local, "depth", 0)
-        if depth == 0:
-            self._push()
-            if self._hooks_parked:
-                self._hooks_parked = False  # the parked hold becomes this one
-            else:
-                self._profiler_hooks(+1)
-        self._local.depth = depth + 1
+        try:
+            first = _engine.bridge_install()
+        except _engine.BridgeError as exc:
+            raise MemlabCoreError(f"installing the torch bridge failed: {exc}") from None
+        if first:
+            self.entered()
 
     def uninstall(self, park: bool = False) -> None:
-        """Undoes one install.  With park, the last one leaves torch's
-        profiler hooks wrapped (they only pass through while nothing
-        measures) for the next measured test, until :meth:`unpark`."""
-        depth = getattr(self._local, "depth", 0) - 1
-        if depth < 0:
-            return
-        self._local.depth = depth
-        if depth == 0:
-            if park and not self._hooks_parked:
-                self._hooks_parked = True
-            else:
-                self._profiler_hooks(-1)
-            if not getattr(self._local, "aside", False):
-                self._pop()
-            self._local.aside = False
+        """Undoes one install."""
+        try:
+            last = _engine.bridge_uninstall()
+        except _engine.BridgeError as exc:
+            self.left(park)
+            raise MemlabCoreError(f"removing the torch bridge failed: {exc}") from None
+        if last:
+            self.left(park)
 
-    def enter(self, cuda: bool, initialized: bool = False) -> None:
-        """install() and the device's reporting on: what one measured scope
-        of one device needs of the bridge."""
-        self.install()
-        if cuda:
-            self.cuda(True, initialized)
+    def entered(self) -> None:
+        """A thread's first install: torch's profiler hooks are wrapped
+        (or the parked wrapping taken over)."""
+        if self._hooks_parked:
+            self._hooks_parked = False  # the parked hold becomes this one
         else:
-            self.cpu(True)
+            self._profiler_hooks(+1)
 
-    def leave(self, cuda: bool, park: bool = False) -> None:
-        """Undoes one enter()."""
-        if cuda:
-            self.cuda(False)
+    def left(self, park: bool = False) -> None:
+        """A thread's last uninstall.  With park, torch's profiler hooks
+        stay wrapped (they only pass through while nothing measures) for the
+        next measured test, until :meth:`unpark`."""
+        if park and not self._hooks_parked:
+            self._hooks_parked = True
         else:
-            self.cpu(False)
-        self.uninstall(park)
+            self._profiler_hooks(-1)
 
     def unpark(self) -> None:
         """Gives torch its own profiler hooks back after a parked uninstall."""
         if self._hooks_parked:
             self._hooks_parked = False
             self._profiler_hooks(-1)
-
-    # Pushed and popped through the engine module, which holds the bridge's
-    # entries: a ctypes call would drop and retake the GIL, every test.
-    @staticmethod
-    def _push() -> None:
-        try:
-            _engine.bridge_push()
-        except RuntimeError as exc:
-            raise MemlabCoreError(f"installing the torch bridge failed: {exc}") from None
-
-    @staticmethod
-    def _pop() -> None:
-        try:
-            _engine.bridge_pop()
-        except RuntimeError as exc:
-            raise MemlabCoreError(f"removing the torch bridge failed: {exc}") from None
 
     # torch.profiler refuses to start on a thread whose profiler slot holds
     # anything, the reporter included.  While memlab measures, torch's own
@@ -159,25 +135,25 @@ class Bridge:
                 self._saved_hooks = None
 
     def _profiler_starts(self) -> None:
-        if getattr(self._local, "depth", 0) > 0 and not getattr(self._local, "aside", False) and self.installed():
-            self._pop()
-            self._local.aside = True
+        if _engine.bridge_depth() > 0 and self.installed():
+            _engine.bridge_step_aside(True)
 
     def _profiler_stopped(self) -> None:
-        if getattr(self._local, "depth", 0) > 0 and getattr(self._local, "aside", False):
-            self._local.aside = False
-            self._push()
+        _engine.bridge_step_aside(False)
 
     def installed(self) -> bool:
         """Whether the reporter is the innermost profiler state of this thread."""
         return bool(self.lib.memlab_bridge_installed())
 
-    def cpu(self, on: bool) -> None:
-        """CPU reporting stays on while any CPU scope is open."""
-        before = self._cpu_users > 0
-        self._cpu_users += 1 if on else -1
-        if (self._cpu_users > 0) != before:
-            _engine.bridge_flag(0, self._cpu_users > 0)
+    def attach_tracker(self) -> None:
+        """Attaches the CUDA trace tracker, once CUDA is initialised
+        (attached before, it would hear nothing)."""
+        if os.environ.get("MEMLAB_CUDA_TRACKER", "1") == "0":
+            self.tracker = "turned off by MEMLAB_CUDA_TRACKER=0"
+        else:
+            err = ctypes.create_string_buffer(512)
+            rc = self.lib.memlab_bridge_attach_cuda_tracker(err, len(err))
+            self.tracker = True if rc == 0 else err.value.decode(errors="replace")
 
     def cuda_totals(self, cuda, index: int) -> tuple[int, int]:
         """The allocated and reserved bytes of CUDA device index, as
@@ -188,20 +164,6 @@ class Bridge:
         if totals is None:
             return cuda.memory_allocated(index), cuda.memory_reserved(index)
         return totals
-
-    def cuda(self, on: bool, initialized: bool = True) -> None:
-        """Attaches the trace tracker once CUDA is initialised (attached
-        before, it would hear nothing), and gates it on while any CUDA scope
-        is open."""
-        if on and self.tracker is None and initialized:
-            if os.environ.get("MEMLAB_CUDA_TRACKER", "1") == "0":
-                self.tracker = "turned off by MEMLAB_CUDA_TRACKER=0"
-            else:
-                err = ctypes.create_string_buffer(512)
-                rc = self.lib.memlab_bridge_attach_cuda_tracker(err, len(err))
-                self.tracker = True if rc == 0 else err.value.decode(errors="replace")
-        self._cuda_users += 1 if on else -1
-        _engine.bridge_flag(1, self._cuda_users > 0)
 
 
 def _wrap_profiler_hooks(bridge: Bridge):

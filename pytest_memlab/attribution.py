@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import linecache
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from ._core import engine
 from .tracing import tracing
 
 
-@dataclass(frozen=True)
-class Frame:
-    """One line of user code."""
+class Frame(NamedTuple):
+    """One line of user code.  (A named tuple: one is made for every
+    measured test's heaviest line, and a tuple is the cheapest immutable,
+    hashable record to make.)"""
 
     file: str          # as shown: relative to rootdir when under it
     path: str          # absolute
@@ -76,19 +78,28 @@ class SiteBytes:
     chain: list[Frame]
 
 
-@dataclass
 class Attribution:
-    """Where a scope's own peak came from: site ids from the engine, turned
-    into frames only when someone reads them."""
+    """Where a scope's own peak came from: the engine's figures for the
+    scope, read (and their site ids turned into frames) only when someone
+    asks; most tests never do."""
 
-    peak_site: int = 0
-    site_bytes: list = field(default_factory=list)   # (site, bytes) at the peak
-    complete: bool = True
+    __slots__ = ("_scope",)
 
-    @classmethod
-    def from_scope(cls, figures: dict) -> "Attribution":
-        return cls(figures.get("peak_site", 0), [(s, b) for s, b in figures.get("at_peak", ()) if b > 0],
-                   figures.get("sites_complete", True))
+    def __init__(self, scope: dict):
+        self._scope = scope
+
+    @property
+    def peak_site(self) -> int:
+        return self._scope.get("peak_site", 0)
+
+    @property
+    def site_bytes(self) -> list:
+        """(site, bytes) held at the peak."""
+        return [(s, b) for s, b in self._scope.get("at_peak", ()) if b > 0]
+
+    @property
+    def complete(self) -> bool:
+        return self._scope.get("sites_complete", True)
 
     @property
     def peak_chain(self) -> list[Frame]:

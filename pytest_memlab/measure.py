@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ._core import BRIDGE, COUNTERS, Core, engine
+from ._core import BRIDGE, COUNTERS, Core, MemlabCoreError, engine
 from .attribution import Attribution, LineStat, line_stats
 from .devices import cuda_index, resolve, slot_of
 from .sizes import parse_size
@@ -58,34 +58,31 @@ class EngineMeter:
     def begin(self) -> None:
         bridge = self.core.bridge
         cuda = self.slot != 0
+        total = reserved = -1
         if cuda:
             torch_cuda = self.core.torch.cuda
             # Never initialise CUDA for a test that may not use it: until it
             # is initialised it holds nothing, and the reporter hears its
             # first allocations with their totals all the same.
-            initialized = torch_cuda.is_initialized()
-            if initialized:
+            if torch_cuda.is_initialized():
                 total, reserved = bridge.cuda_totals(torch_cuda, self.slot - 1)
+                if bridge.tracker is None:
+                    bridge.attach_tracker()
             else:
                 total = reserved = 0
-        else:
-            initialized = False
-            total = reserved = -1
-        bridge.enter(cuda, initialized)  # on this thread, until the scope ends
+        log_max = 0
+        if self.log:
+            from .snapshot import MAX_ENTRIES
+
+            log_max = MAX_ENTRIES
+        # The reporter on this thread, the device's reporting, the scope and
+        # its timeline: one call, undone whole if any part fails.
         try:
-            self.scope_id = scope = engine.begin(self.slot, self.detached, total, reserved)
-            if self.timeline:
-                engine.timeline_start(self.slot, scope)
-            if self.log:
-                from .snapshot import MAX_ENTRIES
-
-                engine.alloc_log_start(self.slot, scope, MAX_ENTRIES)
-        except BaseException:
-            self._release()
-            raise
-
-    def _release(self, park: bool = False) -> None:
-        self.core.bridge.leave(self.slot != 0, park)
+            self.scope_id, first = engine.open(self.slot, self.detached, total, reserved, self.timeline, log_max)
+        except engine.BridgeError as exc:
+            raise MemlabCoreError(f"installing the torch bridge failed: {exc}") from None
+        if first:
+            bridge.entered()
 
     def _figures(self, s: dict) -> DeviceFigures:
         return DeviceFigures(
@@ -100,7 +97,7 @@ class EngineMeter:
         raw = engine.stats(self.slot, self.scope_id, sites=sites)
         figures = self._figures(raw)
         if sites:
-            figures.attribution = Attribution.from_scope(raw)
+            figures.attribution = Attribution(raw)
         return figures
 
     def total_now(self) -> int:
@@ -120,11 +117,17 @@ class EngineMeter:
 
     def end(self, park: bool = False) -> DeviceFigures:
         try:
-            s = engine.end(self.slot, self.scope_id)
-        finally:
-            self._release(park)
+            s, last = engine.close(self.slot, self.scope_id)
+        except BaseException as exc:
+            if engine.bridge_depth() == 0:
+                self.core.bridge.left(park)
+            if isinstance(exc, engine.BridgeError):
+                raise MemlabCoreError(f"removing the torch bridge failed: {exc}") from None
+            raise
+        if last:
+            self.core.bridge.left(park)
         figures = self._figures(s)
-        figures.attribution = Attribution.from_scope(s)
+        figures.attribution = Attribution(s)
         return figures
 
 

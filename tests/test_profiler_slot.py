@@ -73,3 +73,47 @@ def test_nested_measurements_keep_the_reporter_until_the_outer_one_ends(core):
     assert core.bridge.installed()
     outer.end()
     assert not core.bridge.installed()
+
+
+def test_a_scope_closed_out_of_order_still_gives_the_slot_back(core):
+    """engine.close undoes engine.open whole, the install and the device's
+    reporting included, even when the scope is not the innermost: the
+    ValueError names the scope and the slot is torch's again."""
+    import pytest
+
+    from pytest_memlab._core import engine
+
+    outer, first = engine.open(0, False, -1, -1, False, 0)
+    assert first
+    inner, first = engine.open(0, False, -1, -1, False, 0)
+    assert not first
+    assert engine.bridge_depth() == 2
+    with pytest.raises(ValueError, match=f"scope {outer} is not the innermost"):
+        engine.close(0, outer)
+    assert engine.bridge_depth() == 1 and core.bridge.installed()
+    figures, last = engine.close(0, inner)
+    assert last and figures["id"] == inner
+    assert engine.bridge_depth() == 0 and not core.bridge.installed()
+    engine.end(0, outer)   # the engine's own scope, left open above
+    core.bridge.left()     # the profiler hooks the first open() asked for
+
+
+def test_opening_a_scope_that_fails_undoes_the_install(core):
+    import pytest
+
+    from pytest_memlab._core import engine
+
+    with pytest.raises(ValueError, match="out of range"):
+        engine.open(99, False, -1, -1, False, 0)
+    assert engine.bridge_depth() == 0 and not core.bridge.installed()
+    opened = []
+    try:
+        with pytest.raises(RuntimeError, match="nested scopes"):
+            for _ in range(engine.MAX_DEPTH + 1):
+                opened.append(engine.open(0, False, -1, -1, False, 0)[0])
+        assert engine.bridge_depth() == len(opened)
+    finally:
+        for scope in reversed(opened):
+            engine.close(0, scope)
+    assert engine.bridge_depth() == 0 and not core.bridge.installed()
+    core.bridge.left()

@@ -50,7 +50,7 @@ def traced(monkeypatch):
         finally:
             tracing.release(paths=True)
             result = E.end(CPU, sid)
-        return result, Attribution.from_scope(result)
+        return result, Attribution(result)
 
     return run
 
@@ -224,3 +224,44 @@ def test_sites_and_lines_resolve_to_code():
     assert chain_of(0) == []
     status = E.tracer_status()
     assert status["backend"] == ("sys.monitoring" if sys.version_info >= (3, 12) else "PyEval_SetTrace")
+
+
+PARKED_SCRIPT = r'''
+import collections, sys
+from pytest_memlab import _engine as E
+calls = collections.Counter()
+original = E._mon_start
+def counting(code, *rest):
+    calls[code.co_name] += 1
+    return original(code, *rest)
+E._mon_start = counting   # before the tracer registers its callbacks
+from pytest_memlab.tracing import tracing
+tracing.scope.configure(sys.argv[1])
+namespace = {}
+exec(compile("def between():\n    return 1\n", "/elsewhere/lib.py", "exec"), namespace)
+exec(compile("def measured():\n    return 2\n", sys.argv[1] + "/test_x.py", "exec"), namespace)
+for _ in range(5):
+    assert tracing.acquire(paths=True)
+    namespace["measured"]()
+    tracing.release(paths=True, park=True)
+    namespace["between"]()    # pytest's own code runs here, between two tests
+tracing.unpark()
+print(calls["between"], calls["measured"])
+'''
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="parking is sys.monitoring's")
+def test_a_parked_tracer_disables_code_that_runs_between_measured_tests(tmp_path):
+    """While parked between two measured tests, PY_START stays on: code out
+    of scope that first runs there is disabled there, once, instead of
+    reporting again in every test."""
+    import subprocess
+
+    root = os.path.realpath(str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", PARKED_SCRIPT, root], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    between, measured = map(int, done.stdout.split())
+    assert between == 1      # decided once, then disabled
+    assert measured == 5     # in scope: heard in every test
