@@ -420,7 +420,8 @@ bridge_check(void)
 /* The reporter's installs on this thread, counted: the first pushes it into
  * torch's profiler slot, the last pops it (unless torch.profiler stepped it
  * aside meanwhile, and popped it then).  Scopes open on each device, counted
- * over all threads: CPU reporting and the CUDA tracker are on while any is.
+ * over all threads (open and close): CPU reporting and the CUDA tracker are
+ * on while any is.
  * The GIL orders every change. */
 static _Thread_local int install_depth;
 static _Thread_local int stepped_aside;
@@ -508,23 +509,6 @@ bridge_step_aside(PyObject *Py_UNUSED(module), PyObject *arg)
     if (rc != 0)
         return PyErr_Format(bridge_error, "%s", err);
     stepped_aside = on;
-    Py_RETURN_NONE;
-}
-
-/* bridge_flag(which, on): one more (or one fewer) scope open on CPU
- * reporting (0) or the CUDA tracker (1). */
-static PyObject *
-bridge_flag(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
-{
-    if (n != 2) {
-        PyErr_SetString(PyExc_TypeError, "bridge_flag(which, on)");
-        return NULL;
-    }
-    long which = PyLong_AsLong(args[0]);
-    int on = PyObject_IsTrue(args[1]);
-    if ((which == -1 && PyErr_Occurred()) || on < 0 || bridge_check() < 0)
-        return NULL;
-    bridge_use(which != 0, on ? 1 : -1);
     Py_RETURN_NONE;
 }
 
@@ -898,9 +882,6 @@ static PyMethodDef engine_methods[] = {
     {"bridge_step_aside", bridge_step_aside, METH_O,
      "bridge_step_aside(on): pop the reporter for torch.profiler while it "
      "runs (on), push it back (off); nothing where none is installed."},
-    {"bridge_flag", (PyCFunction)(void (*)(void))bridge_flag, METH_FASTCALL,
-     "bridge_flag(which, on): one scope more or fewer on CPU reporting (0) "
-     "or the CUDA tracker (1); on while any is open."},
     {"open", (PyCFunction)(void (*)(void))engine_open, METH_FASTCALL,
      "open(slot, detached, total, reserved, timeline, log_max) -> (scope_id, "
      "first): install, reporting on, begin, timeline and allocation log in "

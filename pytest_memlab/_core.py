@@ -78,22 +78,50 @@ class Bridge:
         thread, unless it is there already; each install is undone by one
         uninstall, and the last one pops it, so that the slot is torch's
         again between measurements."""
-        try:
-            first = _engine.bridge_install()
-        except _engine.BridgeError as exc:
-            raise MemlabCoreError(f"installing the torch bridge failed: {exc}") from None
-        if first:
-            self.entered()
+        self._installing(_engine.bridge_install)
 
     def uninstall(self, park: bool = False) -> None:
         """Undoes one install."""
+        self._uninstalling(park, _engine.bridge_uninstall)
+
+    def open_scope(self, slot: int, detached: bool, total: int, reserved: int, timeline: bool,
+                   log_max: int) -> int:
+        """install() and an engine scope on slot, the device's reporting on,
+        its timeline and allocation log: one call (engine.open), undone
+        whole if any part fails.  Returns the scope id."""
+        return self._installing(_engine.open, slot, detached, total, reserved, timeline, log_max)
+
+    def close_scope(self, slot: int, scope: int, park: bool = False) -> dict:
+        """Undoes open_scope (also when the scope is not the innermost: the
+        engine's ValueError then); returns the closed scope's figures."""
+        return self._uninstalling(park, _engine.close, slot, scope)
+
+    # Each engine entry that installs returns whether it was the thread's
+    # first install (alone, or after its result); each that uninstalls,
+    # whether it was the last: torch's profiler hooks follow those.
+    def _installing(self, entry, *args):
         try:
-            last = _engine.bridge_uninstall()
+            answer = entry(*args)
         except _engine.BridgeError as exc:
-            self.left(park)
-            raise MemlabCoreError(f"removing the torch bridge failed: {exc}") from None
+            raise MemlabCoreError(f"installing the torch bridge failed: {exc}") from None
+        result, first = answer if isinstance(answer, tuple) else (None, answer)
+        if first:
+            self.entered()
+        return result
+
+    def _uninstalling(self, park: bool, entry, *args):
+        try:
+            answer = entry(*args)
+        except BaseException as exc:
+            if _engine.bridge_depth() == 0:   # the last install was undone all the same
+                self.left(park)
+            if isinstance(exc, _engine.BridgeError):
+                raise MemlabCoreError(f"removing the torch bridge failed: {exc}") from None
+            raise
+        result, last = answer if isinstance(answer, tuple) else (None, answer)
         if last:
             self.left(park)
+        return result
 
     def entered(self) -> None:
         """A thread's first install: torch's profiler hooks are wrapped

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ._core import BRIDGE, COUNTERS, Core, MemlabCoreError, engine
+from ._core import BRIDGE, COUNTERS, Core, engine
 from .attribution import Attribution, LineStat, line_stats
 from .devices import cuda_index, resolve, slot_of
 from .sizes import parse_size
@@ -57,9 +57,8 @@ class EngineMeter:
 
     def begin(self) -> None:
         bridge = self.core.bridge
-        cuda = self.slot != 0
         total = reserved = -1
-        if cuda:
+        if self.slot != 0:
             torch_cuda = self.core.torch.cuda
             # Never initialise CUDA for a test that may not use it: until it
             # is initialised it holds nothing, and the reporter hears its
@@ -75,14 +74,7 @@ class EngineMeter:
             from .snapshot import MAX_ENTRIES
 
             log_max = MAX_ENTRIES
-        # The reporter on this thread, the device's reporting, the scope and
-        # its timeline: one call, undone whole if any part fails.
-        try:
-            self.scope_id, first = engine.open(self.slot, self.detached, total, reserved, self.timeline, log_max)
-        except engine.BridgeError as exc:
-            raise MemlabCoreError(f"installing the torch bridge failed: {exc}") from None
-        if first:
-            bridge.entered()
+        self.scope_id = bridge.open_scope(self.slot, self.detached, total, reserved, self.timeline, log_max)
 
     def _figures(self, s: dict) -> DeviceFigures:
         return DeviceFigures(
@@ -116,16 +108,7 @@ class EngineMeter:
         return engine.blocks(self.slot, self.scope_id)
 
     def end(self, park: bool = False) -> DeviceFigures:
-        try:
-            s, last = engine.close(self.slot, self.scope_id)
-        except BaseException as exc:
-            if engine.bridge_depth() == 0:
-                self.core.bridge.left(park)
-            if isinstance(exc, engine.BridgeError):
-                raise MemlabCoreError(f"removing the torch bridge failed: {exc}") from None
-            raise
-        if last:
-            self.core.bridge.left(park)
+        s = self.core.bridge.close_scope(self.slot, self.scope_id, park)
         figures = self._figures(s)
         figures.attribution = Attribution(s)
         return figures
