@@ -249,7 +249,7 @@ Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
         ScopeStack_on_totals(&d->stack, Device_total(d), Device_reserved(d));
     if (d->timeline_scope != 0)
         Timeline_add(&d->timeline, d->seq,
-                     d->stack.scopes[d->timeline_depth].own, Device_total(d));
+                     d->stack.scopes[d->timeline_depth].live, Device_total(d));
     Spinlock_release(&d->lock);
 }
 
@@ -327,7 +327,7 @@ Engine_timeline_start(Engine *self, int slot, uint32_t id)
         goto error;
     /* The buffer is allocated on first use only, under the lock; the hot
      * path never allocates for it. */
-    if (Timeline_start(&d->timeline, d->seq, s->own, Device_total(d)) < 0)
+    if (Timeline_start(&d->timeline, d->seq, s->live, Device_total(d)) < 0)
         goto error;
     d->timeline_scope = id;
     d->timeline_depth = (int)(s - d->stack.scopes);

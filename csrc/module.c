@@ -1,9 +1,6 @@
 /* pytest_memlab._engine: the CPython face of the engine.  Module setup and
- * argument conversion only; the measuring lives in engine.c.
- *
- * The engine is one per process and is never freed: the torch bridge holds
- * its address and may deliver an event from an allocator thread at any time,
- * interpreter shutdown included.
+ * argument conversion only: the measuring lives in engine.c, the reporter's
+ * installs and the scope transaction in reporter.c, the tracer in tracer.c.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -12,21 +9,39 @@
 #include <stdlib.h>
 
 #include "engine.h"
+#include "phases.h"
+#include "reporter.h"
 #include "tracer.h"
 
-static Engine *the_engine = NULL;
+/* The keys of a scope's figures, interned once: a dictionary of them is
+ * made for every measured test, and Py_BuildValue would make each key
+ * string anew every time. */
+enum {
+    K_ID, K_LIVE, K_PEAK, K_TOTAL_AT_PEAK, K_SEQ_AT_PEAK, K_PEAK_TOTAL,
+    K_START_TOTAL, K_ALLOCS, K_FREES, K_ALLOCATED_BYTES, K_RESERVED_PEAK,
+    K_AT_PEAK, K_LIVE_SITES, K_PEAK_SITE, K_SITES_COMPLETE, K_COUNT
+};
+static const char *const key_names[K_COUNT] = {
+    "id", "live", "peak", "total_at_peak", "seq_at_peak", "peak_total",
+    "start_total", "allocs", "frees", "allocated_bytes", "reserved_peak",
+    "at_peak", "live_sites", "peak_site", "sites_complete",
+};
 
-/* The torch bridge's entries, bound by address once it is loaded
- * (pytest_memlab._core): every measured test pushes and pops the reporter,
- * and a call from here keeps the GIL where ctypes would drop and retake it
- * around each one. */
-static struct {
-    int (*install)(memlab_sink_fn, void *, char *, size_t);
-    int (*uninstall)(char *, size_t);
-    void (*set_cpu)(int);
-    void (*set_tracker)(int);
-    int (*cuda_totals)(int, int64_t *, int64_t *);   /* NULL: an older bridge */
-} bridge;
+/* What the module holds.  One per process, not per module object (m_size
+ * 0): the engine is never freed, because the torch bridge holds its address
+ * and may deliver an event from an allocator thread at any time,
+ * interpreter shutdown included; and the functions below reach it without
+ * looking up module state, on the per-test path. */
+typedef struct ModuleState {
+    Engine *engine;
+    Reporter reporter;
+    PyObject *keys[K_COUNT];
+    /* Raised where pushing or popping the reporter fails (the bridge's
+     * message): the plugin tells it apart from the engine's own errors. */
+    PyObject *bridge_error;
+} ModuleState;
+
+static ModuleState M;
 
 static int
 check_slot(int slot)
@@ -39,31 +54,12 @@ check_slot(int slot)
     return 0;
 }
 
-/* The keys of a scope's figures, interned once: a dictionary of them is
- * made for every measured test, and Py_BuildValue would make each key
- * string anew every time. */
-enum {
-    K_ID, K_OWN, K_PEAK, K_TOTAL_AT_PEAK, K_SEQ_AT_PEAK, K_PEAK_TOTAL,
-    K_START_TOTAL, K_ALLOCS, K_FREES, K_ALLOCATED_BYTES, K_RESERVED_PEAK,
-    K_AT_PEAK, K_LIVE_SITES, K_PEAK_SITE, K_SITES_COMPLETE, K_COUNT
-};
-static const char *const key_names[K_COUNT] = {
-    "id", "own", "peak", "total_at_peak", "seq_at_peak", "peak_total",
-    "start_total", "allocs", "frees", "allocated_bytes", "reserved_peak",
-    "at_peak", "live_sites", "peak_site", "sites_complete",
-};
-static PyObject *keys[K_COUNT];
-
-/* Raised where pushing or popping the reporter fails (the bridge's message):
- * the plugin tells it apart from the engine's own errors. */
-static PyObject *bridge_error;
-
 static int
 keys_init(void)
 {
     for (int i = 0; i < K_COUNT; i++) {
-        if (keys[i] == NULL
-            && (keys[i] = PyUnicode_InternFromString(key_names[i])) == NULL)
+        if (M.keys[i] == NULL
+            && (M.keys[i] = PyUnicode_InternFromString(key_names[i])) == NULL)
             return -1;
     }
     return 0;
@@ -75,7 +71,7 @@ set_new(PyObject *d, int k, PyObject *v)
 {
     if (v == NULL)
         return -1;
-    int rc = PyDict_SetItem(d, keys[k], v);
+    int rc = PyDict_SetItem(d, M.keys[k], v);
     Py_DECREF(v);
     return rc;
 }
@@ -87,7 +83,7 @@ scope_to_dict(const Scope *s)
     if (d == NULL)
         return NULL;
     if (set_new(d, K_ID, PyLong_FromUnsignedLong(s->id)) < 0
-        || set_new(d, K_OWN, PyLong_FromLongLong(s->own)) < 0
+        || set_new(d, K_LIVE, PyLong_FromLongLong(s->live)) < 0
         || set_new(d, K_PEAK, PyLong_FromLongLong(s->peak)) < 0
         || set_new(d, K_TOTAL_AT_PEAK, PyLong_FromLongLong(s->total_at_peak)) < 0
         || set_new(d, K_SEQ_AT_PEAK,
@@ -154,7 +150,7 @@ static int
 raise_engine_error(int slot)
 {
     uint64_t dropped;
-    int err = Engine_take_error(the_engine, slot, &dropped);
+    int err = Engine_take_error(M.engine, slot, &dropped);
     if (err == ENGINE_OK)
         return 0;
     PyErr_Format(PyExc_MemoryError,
@@ -170,7 +166,7 @@ engine_sink(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
     return Py_BuildValue("(KK)",
                          (unsigned long long)(uintptr_t)&Engine_sink,
-                         (unsigned long long)(uintptr_t)the_engine);
+                         (unsigned long long)(uintptr_t)M.engine);
 }
 
 static PyObject *
@@ -194,7 +190,7 @@ engine_begin(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    if (Engine_begin(the_engine, slot, detached, total, reserved, &id) < 0) {
+    if (Engine_begin(M.engine, slot, detached, total, reserved, &id) < 0) {
         PyErr_Format(PyExc_RuntimeError,
                      "cannot open a scope on device slot %d: more than %d "
                      "nested scopes, or out of memory", slot, SCOPE_MAX_DEPTH);
@@ -213,7 +209,7 @@ engine_end(PyObject *Py_UNUSED(module), PyObject *args)
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    if (Engine_end(the_engine, slot, id, &s) < 0) {
+    if (Engine_end(M.engine, slot, id, &s) < 0) {
         PyErr_Format(PyExc_ValueError,
                      "scope %u is not the innermost open scope of device "
                      "slot %d", id, slot);
@@ -238,7 +234,7 @@ engine_stats(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    if (Engine_stats(the_engine, slot, id, sites, &s) < 0) {
+    if (Engine_stats(M.engine, slot, id, sites, &s) < 0) {
         PyErr_Format(PyExc_ValueError,
                      "scope %u is not open on device slot %d", id, slot);
         return NULL;
@@ -248,14 +244,14 @@ engine_stats(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
     return result;
 }
 
-/* Only the own live bytes: the leak check asks this of every measured test,
+/* Only the live bytes: the leak check asks this of every measured test,
  * and a dict of every figure would cost more than the answer. */
 static PyObject *
-engine_own(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
+engine_live(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
 {
     Scope s;
     if (n != 2 || !PyLong_Check(args[0]) || !PyLong_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "own(slot, id) takes two ints");
+        PyErr_SetString(PyExc_TypeError, "live(slot, id) takes two ints");
         return NULL;
     }
     long slot = PyLong_AsLong(args[0]);
@@ -266,13 +262,13 @@ engine_own(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
         return PyErr_Format(PyExc_ValueError, "device slot %ld is out of "
                             "range 0..%d", slot, ENGINE_MAX_DEVICES - 1);
     if (id > UINT32_MAX
-        || Engine_stats(the_engine, (int)slot, (uint32_t)id, 0, &s) < 0) {
+        || Engine_stats(M.engine, (int)slot, (uint32_t)id, 0, &s) < 0) {
         PyErr_Format(PyExc_ValueError,
                      "scope %lu is not open on device slot %ld", id, slot);
         return NULL;
     }
     Scope_fini(&s);
-    return PyLong_FromLongLong(s.own);
+    return PyLong_FromLongLong(s.live);
 }
 
 static PyObject *
@@ -284,7 +280,7 @@ engine_timeline_start(PyObject *Py_UNUSED(module), PyObject *args)
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    if (Engine_timeline_start(the_engine, slot, id) < 0)
+    if (Engine_timeline_start(M.engine, slot, id) < 0)
         return PyErr_Format(PyExc_ValueError, "cannot start a timeline: "
                             "scope %u is not open on device slot %d, or out "
                             "of memory", id, slot);
@@ -307,7 +303,7 @@ engine_timeline(PyObject *Py_UNUSED(module), PyObject *args)
     TimelinePoint *buf = malloc((size_t)max * sizeof(TimelinePoint));
     if (buf == NULL)
         return PyErr_NoMemory();
-    uint32_t n = Engine_timeline(the_engine, slot, buf, (uint32_t)max,
+    uint32_t n = Engine_timeline(M.engine, slot, buf, (uint32_t)max,
                                  &seq0, &last);
     if ((points = PyList_New(n)) == NULL)
         goto error;
@@ -338,7 +334,7 @@ engine_alloc_log_start(PyObject *Py_UNUSED(module), PyObject *args)
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    if (Engine_alloc_log_start(the_engine, slot, id, max) < 0)
+    if (Engine_alloc_log_start(M.engine, slot, id, max) < 0)
         return PyErr_Format(PyExc_ValueError, "scope %u is not open on "
                             "device slot %d", id, slot);
     Py_RETURN_NONE;
@@ -354,7 +350,7 @@ engine_alloc_log_take(PyObject *Py_UNUSED(module), PyObject *arg)
         return NULL;
     if (check_slot((int)slot) < 0)
         return NULL;
-    AllocEntry *log = Engine_alloc_log_take(the_engine, (int)slot, &n, &dropped);
+    AllocEntry *log = Engine_alloc_log_take(M.engine, (int)slot, &n, &dropped);
     PyObject *list = PyList_New(n), *result = NULL;
     if (list == NULL)
         goto error;
@@ -382,7 +378,7 @@ engine_seq(PyObject *Py_UNUSED(module), PyObject *arg)
         return NULL;
     if (check_slot((int)slot) < 0)
         return NULL;
-    return PyLong_FromUnsignedLongLong(Engine_seq(the_engine, (int)slot));
+    return PyLong_FromUnsignedLongLong(Engine_seq(M.engine, (int)slot));
 }
 
 static PyObject *
@@ -393,204 +389,134 @@ bridge_bind(PyObject *Py_UNUSED(module), PyObject *args)
     if (!PyArg_ParseTuple(args, "KKKK|K:bridge_bind", &install, &uninstall,
                           &set_cpu, &set_tracker, &cuda_totals))
         return NULL;
-    if (install == 0 || uninstall == 0 || set_cpu == 0 || set_tracker == 0) {
+    /* Addresses of functions with the types memlab_bridge.h declares. */
+    ReporterBridge b = {
+        .install = (int (*)(memlab_sink_fn, void *, char *, size_t))
+            (uintptr_t)install,
+        .uninstall = (int (*)(char *, size_t))(uintptr_t)uninstall,
+        .set_cpu = (void (*)(int))(uintptr_t)set_cpu,
+        .set_tracker = (void (*)(int))(uintptr_t)set_tracker,
+        .cuda_totals = (int (*)(int, int64_t *, int64_t *))
+            (uintptr_t)cuda_totals,
+    };
+    if (Reporter_bind(&M.reporter, &b) < 0) {
         PyErr_SetString(PyExc_ValueError, "bridge_bind: a null entry");
         return NULL;
     }
-    /* Addresses of functions with the types memlab_bridge.h declares. */
-    bridge.install = (int (*)(memlab_sink_fn, void *, char *, size_t))
-        (uintptr_t)install;
-    bridge.uninstall = (int (*)(char *, size_t))(uintptr_t)uninstall;
-    bridge.set_cpu = (void (*)(int))(uintptr_t)set_cpu;
-    bridge.set_tracker = (void (*)(int))(uintptr_t)set_tracker;
-    bridge.cuda_totals = (int (*)(int, int64_t *, int64_t *))(uintptr_t)cuda_totals;
     Py_RETURN_NONE;
 }
 
-static int
-bridge_check(void)
+/* The exception for a code of reporter.h; NULL always. */
+static PyObject *
+reporter_error(int rc, int slot, unsigned long id, const char *err)
 {
-    if (bridge.install == NULL) {
+    switch (rc) {
+    case REPORTER_EBRIDGE:
+        return PyErr_Format(M.bridge_error, "%s", err);
+    case REPORTER_EUNBOUND:
         PyErr_SetString(PyExc_RuntimeError, "the torch bridge is not bound");
-        return -1;
+        return NULL;
+    case REPORTER_ESCOPE:
+        return PyErr_Format(PyExc_RuntimeError,
+                            "cannot open a scope on device slot %d: more than "
+                            "%d nested scopes, or out of memory", slot,
+                            SCOPE_MAX_DEPTH);
+    case REPORTER_ENOTINNER:
+        return PyErr_Format(PyExc_ValueError,
+                            "scope %lu is not the innermost open scope of "
+                            "device slot %d", id, slot);
+    default:
+        return PyErr_NoMemory();
     }
-    return 0;
-}
-
-/* The reporter's installs on this thread, counted: the first pushes it into
- * torch's profiler slot, the last pops it (unless torch.profiler stepped it
- * aside meanwhile, and popped it then).  Scopes open on each device, counted
- * over all threads (open and close): CPU reporting and the CUDA tracker are
- * on while any is.
- * The GIL orders every change. */
-static _Thread_local int install_depth;
-static _Thread_local int stepped_aside;
-static int flag_users[2];
-
-static int
-bridge_install_counted(int *first)
-{
-    char err[512] = "";
-    *first = install_depth == 0;
-    if (*first && bridge.install(&Engine_sink, the_engine, err, sizeof err) != 0) {
-        PyErr_Format(bridge_error, "%s", err);
-        return -1;
-    }
-    install_depth++;
-    return 0;
-}
-
-/* 1 when this undid the thread's last install, 0 when not, -1 when popping
- * the reporter failed (the count is down all the same). */
-static int
-bridge_uninstall_counted(void)
-{
-    char err[512] = "";
-    if (install_depth == 0 || --install_depth > 0)
-        return 0;
-    int aside = stepped_aside;
-    stepped_aside = 0;
-    if (!aside && bridge.uninstall(err, sizeof err) != 0) {
-        PyErr_Format(bridge_error, "%s", err);
-        return -1;
-    }
-    return 1;
-}
-
-static void
-bridge_use(int which, int delta)
-{
-    int before = flag_users[which] > 0;
-    flag_users[which] += delta;
-    if (flag_users[which] < 0)
-        flag_users[which] = 0;
-    int now = flag_users[which] > 0;
-    if (now != before)
-        (which == 0 ? bridge.set_cpu : bridge.set_tracker)(now);
 }
 
 static PyObject *
 bridge_install(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
+    char err[REPORTER_ERRLEN] = "";
     int first;
-    if (bridge_check() < 0 || bridge_install_counted(&first) < 0)
-        return NULL;
+    int rc = Reporter_install(&M.reporter, &first, err, sizeof err);
+    if (rc < 0)
+        return reporter_error(rc, 0, 0, err);
     return PyBool_FromLong(first);
 }
 
 static PyObject *
 bridge_uninstall(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
-    if (bridge_check() < 0)
-        return NULL;
-    int last = bridge_uninstall_counted();
-    return last < 0 ? NULL : PyBool_FromLong(last);
+    char err[REPORTER_ERRLEN] = "";
+    int last = Reporter_uninstall(&M.reporter, err, sizeof err);
+    if (last < 0)
+        return reporter_error(last, 0, 0, err);
+    return PyBool_FromLong(last);
 }
 
 static PyObject *
 bridge_depth(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
-    return PyLong_FromLong(install_depth);
+    return PyLong_FromLong(Reporter_depth());
 }
 
-/* torch.profiler refuses a thread whose profiler slot holds anything: its
- * start hook steps the reporter aside (on), its stop hook brings it back. */
 static PyObject *
 bridge_step_aside(PyObject *Py_UNUSED(module), PyObject *arg)
 {
-    char err[512] = "";
+    char err[REPORTER_ERRLEN] = "";
     int on = PyObject_IsTrue(arg);
-    if (on < 0 || bridge_check() < 0)
+    if (on < 0)
         return NULL;
-    if (install_depth == 0 || on == stepped_aside)
-        Py_RETURN_NONE;
-    int rc = on ? bridge.uninstall(err, sizeof err)
-                : bridge.install(&Engine_sink, the_engine, err, sizeof err);
-    if (rc != 0)
-        return PyErr_Format(bridge_error, "%s", err);
-    stepped_aside = on;
+    int rc = Reporter_step_aside(&M.reporter, on, err, sizeof err);
+    if (rc < 0)
+        return reporter_error(rc, 0, 0, err);
     Py_RETURN_NONE;
 }
 
-/* open(slot, detached, total, reserved, timeline, log_max) -> (scope id,
- * first install on this thread): what one measured scope needs, in one
- * call (a measured test opens one per device): the reporter installed, the
- * device's reporting on, the scope, its timeline and allocation log.  Undone
- * whole when any part fails. */
 static PyObject *
 engine_open(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
 {
-    int first = 0, slot, detached, timeline;
-    long long total, reserved;
-    unsigned long log_max;
+    char err[REPORTER_ERRLEN] = "";
+    int first = 0;
     uint32_t id;
     if (n != 6) {
         PyErr_SetString(PyExc_TypeError,
                         "open(slot, detached, total, reserved, timeline, log_max)");
         return NULL;
     }
-    slot = (int)PyLong_AsLong(args[0]);
-    detached = PyObject_IsTrue(args[1]);
-    total = PyLong_AsLongLong(args[2]);
-    reserved = PyLong_AsLongLong(args[3]);
-    timeline = PyObject_IsTrue(args[4]);
-    log_max = PyLong_AsUnsignedLong(args[5]);
-    if (PyErr_Occurred() || detached < 0 || timeline < 0 || check_slot(slot) < 0
-        || bridge_check() < 0)
+    int slot = (int)PyLong_AsLong(args[0]);
+    int detached = PyObject_IsTrue(args[1]);
+    long long total = PyLong_AsLongLong(args[2]);
+    long long reserved = PyLong_AsLongLong(args[3]);
+    int timeline = PyObject_IsTrue(args[4]);
+    unsigned long log_max = PyLong_AsUnsignedLong(args[5]);
+    if (PyErr_Occurred() || detached < 0 || timeline < 0 || check_slot(slot) < 0)
         return NULL;
-    if (bridge_install_counted(&first) < 0)
-        return NULL;
-    bridge_use(slot != 0, 1);
-    if (Engine_begin(the_engine, slot, detached, total, reserved, &id) < 0) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "cannot open a scope on device slot %d: more than %d "
-                     "nested scopes, or out of memory", slot, SCOPE_MAX_DEPTH);
-        goto error;
-    }
-    if ((timeline && Engine_timeline_start(the_engine, slot, id) < 0)
-        || (log_max > 0
-            && Engine_alloc_log_start(the_engine, slot, id, (uint32_t)log_max) < 0)) {
-        Scope s;
-        if (Engine_end(the_engine, slot, id, &s) == 0)
-            Scope_fini(&s);
-        PyErr_NoMemory();
-        goto error;
-    }
+    int rc = Reporter_open_scope(&M.reporter, slot, detached, total, reserved,
+                                 timeline, (uint32_t)log_max, &id, &first,
+                                 err, sizeof err);
+    if (rc < 0)
+        return reporter_error(rc, slot, 0, err);
     return Py_BuildValue("(IO)", id, first ? Py_True : Py_False);
-error:
-    bridge_use(slot != 0, -1);
-    if (bridge_uninstall_counted() < 0)
-        PyErr_Clear();   /* the first error is the one to tell */
-    return NULL;
 }
 
-/* close(slot, scope_id) -> (figures, last install on this thread): undoes
- * open(), the reporting and the install even when the scope is not the
- * innermost (ValueError then). */
 static PyObject *
 engine_close(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
 {
+    char err[REPORTER_ERRLEN] = "";
+    int last = 0;
+    Scope s;
     if (n != 2) {
         PyErr_SetString(PyExc_TypeError, "close(slot, scope_id)");
         return NULL;
     }
     int slot = (int)PyLong_AsLong(args[0]);
     unsigned long id = PyLong_AsUnsignedLong(args[1]);
-    if (PyErr_Occurred() || check_slot(slot) < 0 || bridge_check() < 0)
+    if (PyErr_Occurred() || check_slot(slot) < 0)
         return NULL;
-    Scope s;
-    int ended = Engine_end(the_engine, slot, (uint32_t)id, &s) == 0;
-    bridge_use(slot != 0, -1);
-    int last = bridge_uninstall_counted();
-    if (!ended) {
-        if (last < 0)
-            PyErr_Clear();   /* the scope's error is the one to tell */
-        return PyErr_Format(PyExc_ValueError,
-                            "scope %lu is not the innermost open scope of "
-                            "device slot %d", id, slot);
-    }
+    int rc = Reporter_close_scope(&M.reporter, slot, (uint32_t)id, &s, &last,
+                                  err, sizeof err);
+    if (rc < 0)
+        return reporter_error(rc, slot, id, err);
     PyObject *figures = NULL;
-    if (last >= 0 && raise_engine_error(slot) == 0)
+    if (raise_engine_error(slot) == 0)
         figures = closed_scope_to_dict(&s);
     Scope_fini(&s);
     if (figures == NULL)
@@ -598,9 +524,8 @@ engine_close(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
     return Py_BuildValue("(NO)", figures, last ? Py_True : Py_False);
 }
 
-/* bridge_cuda_totals(index) -> (allocated, reserved) from the CUDA caching
- * allocator's own counters, or None where the bridge cannot tell (no CUDA,
- * an older bridge, an error): the caller asks torch.cuda then. */
+/* bridge_cuda_totals(index) -> (allocated, reserved), or None: the caller
+ * asks torch.cuda then. */
 static PyObject *
 bridge_cuda_totals(PyObject *Py_UNUSED(module), PyObject *arg)
 {
@@ -608,8 +533,9 @@ bridge_cuda_totals(PyObject *Py_UNUSED(module), PyObject *arg)
     if (index == -1 && PyErr_Occurred())
         return NULL;
     int64_t allocated = 0, reserved = 0;
-    if (bridge.cuda_totals == NULL || index < 0 || index > INT_MAX
-        || bridge.cuda_totals((int)index, &allocated, &reserved) != 0)
+    if (index < 0 || index > INT_MAX
+        || Reporter_cuda_totals(&M.reporter, (int)index, &allocated,
+                                &reserved) < 0)
         Py_RETURN_NONE;
     return Py_BuildValue("(LL)", (long long)allocated, (long long)reserved);
 }
@@ -623,7 +549,7 @@ engine_totals(PyObject *Py_UNUSED(module), PyObject *args)
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    if (Engine_totals(the_engine, slot, &total, &reserved) < 0)
+    if (Engine_totals(M.engine, slot, &total, &reserved) < 0)
         Py_RETURN_NONE;
     if (reserved < 0)
         return Py_BuildValue("(LO)", (long long)total, Py_None);
@@ -650,7 +576,7 @@ engine_blocks(PyObject *Py_UNUSED(module), PyObject *args)
             goto error;
         }
         buf = grown;
-        n = Engine_blocks(the_engine, slot, id, buf, cap);
+        n = Engine_blocks(M.engine, slot, id, buf, cap);
         if (n < 0) {
             PyErr_Format(PyExc_ValueError,
                          "scope %u is not open on device slot %d", id, slot);
@@ -697,7 +623,7 @@ engine_inject(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "address 0 is not a block");
         return NULL;
     }
-    Engine_event(the_engine, slot, (uintptr_t)addr, size, total, reserved,
+    Engine_event(M.engine, slot, (uintptr_t)addr, size, total, reserved,
                  source);
     Py_RETURN_NONE;
 }
@@ -712,7 +638,7 @@ engine_record_start(PyObject *Py_UNUSED(module), PyObject *args)
         PyErr_SetString(PyExc_ValueError, "capacity must be positive");
         return NULL;
     }
-    if (Engine_record_start(the_engine, (size_t)capacity) < 0)
+    if (Engine_record_start(M.engine, (size_t)capacity) < 0)
         return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
@@ -721,7 +647,7 @@ static PyObject *
 engine_record_stop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
     Event *events;
-    size_t n = Engine_record_stop(the_engine, &events);
+    size_t n = Engine_record_stop(M.engine, &events);
     PyObject *result = PyBytes_FromStringAndSize(
         (const char *)events, (Py_ssize_t)(n * sizeof(Event)));
     free(events);
@@ -745,7 +671,7 @@ engine_replay(PyObject *Py_UNUSED(module), PyObject *args)
     size_t n = (size_t)view.len / sizeof(Event);
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < repeat; r++)
-        Engine_replay(the_engine, (const Event *)view.buf, n);
+        Engine_replay(M.engine, (const Event *)view.buf, n);
     Py_END_ALLOW_THREADS
     result = PyLong_FromSize_t(n * (size_t)(repeat > 0 ? repeat : 0));
 error:
@@ -847,8 +773,8 @@ static PyMethodDef engine_methods[] = {
      "end(slot, scope_id) -> figures of the closed scope."},
     {"stats", (PyCFunction)(void (*)(void))engine_stats, METH_VARARGS | METH_KEYWORDS,
      "stats(slot, scope_id, sites=False) -> figures of an open scope so far (with sites: its site tables too)."},
-    {"own", (PyCFunction)(void (*)(void))engine_own, METH_FASTCALL,
-     "own(slot, id) -> bytes of the open scope's blocks still allocated."},
+    {"live", (PyCFunction)(void (*)(void))engine_live, METH_FASTCALL,
+     "live(slot, id) -> bytes of the open scope's blocks still allocated."},
     {"timeline_start", engine_timeline_start, METH_VARARGS,
      "timeline_start(slot, id): the device's timeline follows open scope id "
      "from now on (the previous one is dropped)."},
@@ -918,7 +844,7 @@ static PyMethodDef engine_methods[] = {
      "since the last reset, with their figures on device slot 0..3."},
     {"tracer_phases", tracer_phases, METH_NOARGS,
      "tracer_phases() -> ([(kind, slot, seq, label)], dropped): the phases "
-     "(1 forward, 2 backward, 3 optimizer step; negated where one ended, "
+     "(PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP; negated where one ended, "
      "without a label) since the lines were last "
      "reset, each on the timeline of every device whose timeline ran."},
     {"tracer_reset_lines", tracer_reset_lines, METH_NOARGS,
@@ -947,33 +873,41 @@ static PyMethodDef engine_methods[] = {
 static int
 engine_exec(PyObject *module)
 {
-    if (the_engine == NULL) {
-        the_engine = Engine_new();
-        if (the_engine == NULL) {
+    if (M.engine == NULL) {
+        M.engine = Engine_new();
+        if (M.engine == NULL) {
             PyErr_NoMemory();
             return -1;
         }
+        Reporter_init(&M.reporter, M.engine);
     }
-    if (keys_init() < 0 || Tracer_init(module, the_engine) < 0)
+    if (keys_init() < 0 || Tracer_init(module, M.engine) < 0)
         return -1;
-    if (bridge_error == NULL
-        && (bridge_error = PyErr_NewException("pytest_memlab._engine.BridgeError",
-                                              PyExc_RuntimeError, NULL)) == NULL)
+    if (M.bridge_error == NULL
+        && (M.bridge_error = PyErr_NewException("pytest_memlab._engine.BridgeError",
+                                                PyExc_RuntimeError, NULL)) == NULL)
         return -1;
-    if (PyModule_AddObjectRef(module, "BridgeError", bridge_error) < 0)
+    if (PyModule_AddObjectRef(module, "BridgeError", M.bridge_error) < 0)
         return -1;
-    if (PyModule_AddIntConstant(module, "EVENT_REPORT", EVENT_REPORT) < 0
-        || PyModule_AddIntConstant(module, "TIMELINE_MAX", TIMELINE_MAX) < 0
-        || PyModule_AddIntConstant(module, "EVENT_TRACE", EVENT_TRACE) < 0
-        || PyModule_AddIntConstant(module, "SLOT_CPU", ENGINE_SLOT_CPU) < 0
-        || PyModule_AddIntConstant(module, "MAX_DEVICES",
-                                   ENGINE_MAX_DEVICES) < 0
-        || PyModule_AddIntConstant(module, "MAX_DEPTH", SCOPE_MAX_DEPTH) < 0
-        || PyModule_AddIntConstant(module, "EVENT_SIZE",
-                                   (long)sizeof(Event)) < 0
-        || PyModule_AddIntConstant(module, "LINE_SLOTS", LINE_SLOTS) < 0
-        || PyModule_AddIntConstant(module, "SITE_CHAIN", SITE_CHAIN) < 0)
-        return -1;
+    static const struct { const char *name; long value; } constants[] = {
+        {"EVENT_REPORT", EVENT_REPORT},
+        {"EVENT_TRACE", EVENT_TRACE},
+        {"EVENT_SIZE", (long)sizeof(Event)},
+        {"SLOT_CPU", ENGINE_SLOT_CPU},
+        {"MAX_DEVICES", ENGINE_MAX_DEVICES},
+        {"MAX_DEPTH", SCOPE_MAX_DEPTH},
+        {"TIMELINE_MAX", TIMELINE_MAX},
+        {"LINE_SLOTS", LINE_SLOTS},
+        {"SITE_CHAIN", SITE_CHAIN},
+        {"PHASE_FORWARD", PHASE_FORWARD},
+        {"PHASE_BACKWARD", PHASE_BACKWARD},
+        {"PHASE_STEP", PHASE_STEP},
+    };
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++) {
+        if (PyModule_AddIntConstant(module, constants[i].name,
+                                    constants[i].value) < 0)
+            return -1;
+    }
     return 0;
 }
 

@@ -191,10 +191,10 @@ static inline void
 Scope_grow(Scope *s, uint32_t site, int64_t delta, int64_t total,
            uint64_t seq)
 {
-    s->own += delta;
+    s->live += delta;
     SiteStats_add(&s->sites, site, delta);
-    if (s->own > s->peak) {
-        s->peak = s->own;
+    if (s->live > s->peak) {
+        s->peak = s->live;
         s->total_at_peak = total;
         s->seq_at_peak = seq;
         s->peak_site = site;

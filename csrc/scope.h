@@ -45,17 +45,17 @@ SiteStats_capacity(const SiteStats *st)
 typedef struct Scope {
     uint32_t id;
     int detached;           /* its blocks do not count for enclosing scopes */
-    int64_t own;            /* live bytes of blocks allocated in it */
-    int64_t peak;           /* most own bytes at one moment */
-    int64_t total_at_peak;  /* device total when own peak was reached */
-    uint64_t seq_at_peak;   /* event number when own peak was reached */
+    int64_t live;           /* bytes of its blocks still allocated */
+    int64_t peak;           /* most live bytes at one moment */
+    int64_t total_at_peak;  /* device total when that peak was reached */
+    uint64_t seq_at_peak;   /* event number when that peak was reached */
     int64_t peak_total;     /* most device total while open */
     int64_t start_total;
     int64_t reserved_peak;  /* -1 when the device reports no reserved bytes */
     uint64_t allocs;
     uint64_t frees;
     int64_t allocated_bytes;
-    uint32_t peak_site;     /* site whose allocation reached the own peak */
+    uint32_t peak_site;     /* site whose allocation reached the peak */
     SiteStats sites;        /* owned; Scope_fini frees it */
 } Scope;
 

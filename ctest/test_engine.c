@@ -45,7 +45,7 @@ test_peak_of_32_and_16_mib_is_48(void **state)
     assert_int_equal(Engine_end(e, CPU, id, &s), 0);
     Scope_fini(&s);
     assert_int_equal(s.peak, 48 * MiB);
-    assert_int_equal(s.own, 0);
+    assert_int_equal(s.live, 0);
     assert_int_equal(s.peak_total, 48 * MiB);
     assert_int_equal(s.reserved_peak, -1);
 }
@@ -78,7 +78,7 @@ test_nesting_and_detached(void **state)
     assert_int_equal(Engine_end(e, CUDA0, test, &s), 0);
     Scope_fini(&s);
     assert_int_equal(s.peak, 30);      /* the fixture's 50 is not the test's */
-    assert_int_equal(s.own, 30);
+    assert_int_equal(s.live, 30);
     assert_int_equal(s.start_total, 100);
     assert_int_equal(s.peak_total, 180);
 }
@@ -103,7 +103,7 @@ test_trace_and_report_merge(void **state)
     assert_int_equal(Engine_end(e, CUDA0, id, &s), 0);
     Scope_fini(&s);
     assert_int_equal(s.peak, 1536);
-    assert_int_equal(s.own, 0);
+    assert_int_equal(s.live, 0);
     assert_int_equal(s.allocs, 2);
     assert_int_equal(s.frees, 2);
 }
@@ -159,7 +159,7 @@ test_threads(void **state)
         pthread_join(threads[t], NULL);
     assert_int_equal(Engine_end(e, CPU, id, &s), 0);
     Scope_fini(&s);
-    assert_int_equal(s.own, 0);
+    assert_int_equal(s.live, 0);
     assert_int_equal(s.allocs, THREADS * 2000 * 64);
     assert_int_equal(s.frees, THREADS * 2000 * 64);
     assert_true(s.peak >= 64 * 64);
@@ -213,7 +213,7 @@ replay_file(Engine *e, const char *path)
     Scope_fini(&again);
     assert_true(first.peak > 0);
     assert_int_equal(first.peak, again.peak);
-    assert_int_equal(first.own, again.own);
+    assert_int_equal(first.live, again.live);
     assert_int_equal(first.allocs, again.allocs);
     if (slot != CPU)
         assert_int_equal(first.peak_total, max_total);
