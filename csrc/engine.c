@@ -49,6 +49,7 @@ Engine_new(void)
     atomic_init(&e->next_scope_id, 1);
     atomic_init(&e->recording, 0);
     atomic_init(&e->attribute, NULL);
+    atomic_init(&e->attribute_ctx, NULL);
     Spinlock_init(&e->record_lock);
     return e;
 }
@@ -79,7 +80,7 @@ Engine_slot(int device_type, int device_index)
 void
 Engine_set_attribution(Engine *self, AttributeFn fn, void *ctx)
 {
-    self->attribute_ctx = ctx;
+    atomic_store(&self->attribute_ctx, ctx);
     atomic_store(&self->attribute, fn);
 }
 
@@ -183,9 +184,11 @@ Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
         Device_add_total(d, size);
     AttributeFn attribute = atomic_load_explicit(&e->attribute,
                                                  memory_order_acquire);
-    b->site = attribute == NULL ? 0
-                                : attribute(e->attribute_ctx, slot, size,
-                                        Device_total(d), Device_reserved(d));
+    b->site = attribute == NULL
+                  ? 0
+                  : attribute(atomic_load_explicit(&e->attribute_ctx,
+                                                   memory_order_relaxed),
+                              slot, size, Device_total(d), Device_reserved(d));
     ScopeStack_on_alloc(&d->stack, size, b->site, Device_total(d), d->seq);
     if (d->alloc_log_scope != 0)
         AllocLog_add(&d->alloc_log, addr, size, b->site);

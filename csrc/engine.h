@@ -1,9 +1,17 @@
 /* The measurement engine: per device, a ledger of live blocks, the device's
  * running totals and a stack of open scopes.  Engine_event is the hot path:
  * it is called from allocator callbacks on any thread, possibly under the
- * allocator's lock, so it never calls into Python, never blocks on anything
- * but the device's own spinlock, and never fails loudly: trouble sets a flag
- * that the next Engine_take_error reports.
+ * allocator's lock, so
+ *   - it never calls into Python and never takes the GIL;
+ *   - it blocks on nothing but the device's own spinlock (and, only while a
+ *     recording runs, the recorder's, taken and released before it): the
+ *     attribution function it calls under the device's lock takes no lock
+ *     (tracer.c reads sites its threads interned beforehand);
+ *   - it allocates only with the C library's allocator, under the device's
+ *     lock, where a ledger or a scope's site table grows: never through
+ *     torch, whose allocator may be the caller;
+ *   - it never fails loudly: trouble sets a flag that the next
+ *     Engine_take_error reports.
  */
 #ifndef MEMLAB_ENGINE_H
 #define MEMLAB_ENGINE_H
@@ -48,7 +56,7 @@ typedef struct Event {
 /* Attributes an allocation: the tracer charges it to the allocating thread's
  * running user line (per-line statistics) and returns the site id of its user
  * call chain (0: unknown).  Called on the event path under the device's lock;
- * it must not call into Python. */
+ * it must not call into Python, take a lock or allocate. */
 typedef uint32_t (*AttributeFn)(void *ctx, int slot, int64_t size,
                                 int64_t total, int64_t reserved);
 
@@ -84,7 +92,7 @@ typedef struct Engine {
     size_t record_cap;
     atomic_int recording;
     _Atomic(AttributeFn) attribute;
-    void *attribute_ctx;
+    _Atomic(void *) attribute_ctx;  /* read on the event path, set by the API */
 } Engine;
 
 Engine *Engine_new(void);

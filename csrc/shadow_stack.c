@@ -1,8 +1,7 @@
 #include "shadow_stack.h"
 
-#include <string.h>
-
 #include <stdlib.h>
+#include <string.h>
 
 ShadowStack *
 ShadowStack_new(void)
@@ -21,38 +20,78 @@ ShadowStack_reset(ShadowStack *self)
     memset(self->phase_depth, 0, sizeof(self->phase_depth));
 }
 
-static void
-line_begin(ShadowFrame *f, const LineClock *clock)
+static inline int64_t
+load(_Atomic int64_t *where)
 {
-    LineRec *r = LineTable_get(clock->lines, f->line);
-    if (r != NULL) {
-        LineTable_touch(clock->lines, r, f->line);
-        atomic_fetch_add_explicit(&r->hits, 1, memory_order_relaxed);
-    }
-    for (int s = 0; s < LINE_SLOTS; s++) {
-        f->hw[s] = Engine_current_total(clock->engine, s);
-        f->hwr[s] = Engine_current_reserved(clock->engine, s);
-    }
+    return atomic_load_explicit(where, memory_order_relaxed);
 }
 
+/* For figures only the owner writes (line peaks): load and store suffice. */
 static inline void
 store_max(_Atomic int64_t *where, int64_t v)
 {
-    /* Only the GIL holder writes line peaks: load and store suffice. */
-    if (v > atomic_load_explicit(where, memory_order_relaxed))
+    if (v > load(where))
         atomic_store_explicit(where, v, memory_order_relaxed);
+}
+
+/* For a frame's high-water marks, which allocator threads raise several at
+ * once: a compare-and-swap, so that no raise is lost.  It costs the
+ * allocator path only when the mark does rise. */
+static inline void
+raise_max(_Atomic int64_t *where, int64_t v)
+{
+    int64_t seen = load(where);
+    while (v > seen
+           && !atomic_compare_exchange_weak_explicit(where, &seen, v,
+                                                     memory_order_relaxed,
+                                                     memory_order_relaxed))
+        ;
+}
+
+/* Frame d - 1 starts its line: the line is interned with its chain (the
+ * innermost SITE_CHAIN frames' lines) as a site, here and not on the
+ * allocator path. */
+static void
+line_begin(ShadowStack *self, int d, const LineClock *clock, uint32_t code,
+           int lineno)
+{
+    ShadowFrame *f = &self->frames[d - 1];
+    uint32_t line = LineTable_intern(clock->lines, code, lineno);
+    uint32_t chain[SITE_CHAIN];
+    uint32_t n = d < SITE_CHAIN ? (uint32_t)d : SITE_CHAIN;
+    chain[0] = line;
+    for (uint32_t i = 1; i < n; i++)
+        chain[i] = atomic_load_explicit(&self->frames[d - 1 - i].line,
+                                        memory_order_relaxed);
+    f->lineno = lineno;
+    atomic_store_explicit(&f->line, line, memory_order_relaxed);
+    atomic_store_explicit(&f->site, SiteTable_intern(clock->sites, chain, n),
+                          memory_order_relaxed);
+    LineRec *r = LineTable_get(clock->lines, line);
+    if (r != NULL) {
+        LineTable_touch(clock->lines, r, line);
+        atomic_fetch_add_explicit(&r->hits, 1, memory_order_relaxed);
+    }
+    for (int s = 0; s < LINE_SLOTS; s++) {
+        atomic_store_explicit(&f->hw[s], Engine_current_total(clock->engine, s),
+                              memory_order_relaxed);
+        atomic_store_explicit(&f->hwr[s],
+                              Engine_current_reserved(clock->engine, s),
+                              memory_order_relaxed);
+    }
 }
 
 static void
 line_end(ShadowFrame *f, const LineClock *clock)
 {
-    LineRec *r = LineTable_get(clock->lines, f->line);
+    uint32_t line = atomic_load_explicit(&f->line, memory_order_relaxed);
+    LineRec *r = LineTable_get(clock->lines, line);
     if (r == NULL)
         return;
-    LineTable_touch(clock->lines, r, f->line);
+    LineTable_touch(clock->lines, r, line);
     for (int s = 0; s < LINE_SLOTS; s++) {
-        store_max(&r->peak[s], f->hw[s]);
-        store_max(&r->peak_reserved[s], f->hwr[s]);
+        store_max(&r->peak[s], load(&f->hw[s]));
+        store_max(&r->peak_reserved[s], load(&f->hwr[s]));
         atomic_store_explicit(&r->last_total[s],
                               Engine_current_total(clock->engine, s),
                               memory_order_relaxed);
@@ -68,11 +107,8 @@ ShadowStack_push(ShadowStack *self, const LineClock *clock, uint32_t code,
         self->overflow++;
         return;
     }
-    ShadowFrame *f = &self->frames[d];
-    f->code = code;
-    f->lineno = lineno;
-    f->line = LineTable_intern(clock->lines, code, lineno);
-    line_begin(f, clock);
+    self->frames[d].code = code;
+    line_begin(self, d + 1, clock, code, lineno);
     atomic_store_explicit(&self->depth, d + 1, memory_order_release);
 }
 
@@ -86,10 +122,8 @@ ShadowStack_unwind_to(ShadowStack *self, const LineClock *clock, int i)
         if (j > 0) {
             ShadowFrame *p = &self->frames[j - 1];
             for (int s = 0; s < LINE_SLOTS; s++) {
-                if (f->hw[s] > p->hw[s])
-                    p->hw[s] = f->hw[s];
-                if (f->hwr[s] > p->hwr[s])
-                    p->hwr[s] = f->hwr[s];
+                raise_max(&p->hw[s], load(&f->hw[s]));
+                raise_max(&p->hwr[s], load(&f->hwr[s]));
             }
         }
     }
@@ -135,10 +169,31 @@ ShadowStack_line(ShadowStack *self, const LineClock *clock, uint32_t code,
         ShadowStack_unwind_to(self, clock, i + 1);   /* returns we missed */
         d = i + 1;
     }
-    ShadowFrame *f = &self->frames[d - 1];
-    line_end(f, clock);
-    f->lineno = lineno;
-    f->line = LineTable_intern(clock->lines, code, lineno);
-    line_begin(f, clock);
+    line_end(&self->frames[d - 1], clock);
+    line_begin(self, d, clock, code, lineno);
     return 1;
+}
+
+uint32_t
+ShadowStack_attribute(ShadowStack *self, LineTable *lines, int slot,
+                      int64_t size, int64_t total, int64_t reserved)
+{
+    int d = atomic_load_explicit(&self->depth, memory_order_acquire);
+    if (d <= 0)
+        return 0;
+    if (d > SHADOW_STACK_DEPTH)
+        d = SHADOW_STACK_DEPTH;
+    ShadowFrame *top = &self->frames[d - 1];
+    if (slot < LINE_SLOTS) {
+        raise_max(&top->hw[slot], total);
+        raise_max(&top->hwr[slot], reserved);
+        uint32_t line = atomic_load_explicit(&top->line, memory_order_relaxed);
+        LineRec *r = LineTable_get(lines, line);
+        if (r != NULL) {
+            LineTable_touch(lines, r, line);
+            atomic_fetch_add_explicit(&r->alloc[slot], size,
+                                      memory_order_relaxed);
+        }
+    }
+    return atomic_load_explicit(&top->site, memory_order_relaxed);
 }

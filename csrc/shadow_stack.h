@@ -1,8 +1,18 @@
 /* A thread's shadow stack: the user frames (those in scope) it is running,
- * innermost last, each with the line it is on and the highest device totals
- * seen since that line began.  The tracer's event sources push, pop and move
- * lines under the GIL; the allocator path reads the frames from any thread
- * without a lock (depth is published with release/acquire).
+ * innermost last, each with the line it is on, the site of the call chain
+ * that ends there, and the highest device totals seen since that line
+ * began.  The tracer's event sources push, pop and move lines on the owning
+ * thread, under the GIL; the allocator path reads the frames from any
+ * thread without a lock (ShadowStack_attribute).
+ *
+ * So that the allocator path never interns anything (which would take a
+ * lock and may allocate), the owner interns the site of each frame's chain
+ * when the frame starts or moves to another line; the allocator path only
+ * loads it.  What the allocator path reads or raises is atomic: depth
+ * (release/acquire: a frame is written before it is published), and each
+ * frame's line, site and high-water marks (relaxed: a frame read while its
+ * owner moves it may pair the old line with the new site, which charges
+ * one allocation to a neighbouring line, never to garbage).
  */
 #ifndef MEMLAB_SHADOW_STACK_H
 #define MEMLAB_SHADOW_STACK_H
@@ -17,11 +27,14 @@
 #define SHADOW_STACK_DEPTH 128
 
 typedef struct ShadowFrame {
-    uint32_t code;
-    int32_t lineno;
-    uint32_t line;
-    int64_t hw[LINE_SLOTS];     /* highest total since the line began */
-    int64_t hwr[LINE_SLOTS];    /* highest reserved since the line began */
+    uint32_t code;              /* the owner's alone */
+    int32_t lineno;             /* the owner's alone */
+    _Atomic uint32_t line;
+    _Atomic uint32_t site;      /* the chain ending at this frame's line */
+    /* Raised by allocator threads, several at once (the measuring thread's
+     * and autograd's on its behalf), and reset by the owner. */
+    _Atomic int64_t hw[LINE_SLOTS];     /* highest total since the line began */
+    _Atomic int64_t hwr[LINE_SLOTS];    /* highest reserved since then */
 } ShadowFrame;
 
 typedef struct ShadowStack {
@@ -32,10 +45,12 @@ typedef struct ShadowStack {
     ShadowFrame frames[SHADOW_STACK_DEPTH];
 } ShadowStack;
 
-/* Where line statistics go and where device totals come from. */
+/* Where line statistics go, where device totals come from, and where
+ * chains are interned as sites (only by stacks' owners: under the GIL). */
 typedef struct LineClock {
     Engine *engine;
     LineTable *lines;
+    SiteTable *sites;
 } LineClock;
 
 /* NULL when out of memory. */
@@ -53,5 +68,12 @@ int ShadowStack_line(ShadowStack *self, const LineClock *clock, uint32_t code,
 /* Ends frames [i, depth): their lines finish, and what they saw counts for
  * their callers' lines (callees included). */
 void ShadowStack_unwind_to(ShadowStack *self, const LineClock *clock, int i);
+
+/* The allocator's path, from any thread, without the GIL and without a
+ * lock: charges an allocation of size bytes on device slot to the stack's
+ * running line (bytes allocated, high-water marks) and returns the site of
+ * its call chain; 0 when the stack has no frame. */
+uint32_t ShadowStack_attribute(ShadowStack *self, LineTable *lines, int slot,
+                               int64_t size, int64_t total, int64_t reserved);
 
 #endif

@@ -38,7 +38,7 @@ LineTable_init(LineTable *self)
     self->mask = 1023;
     self->keys = calloc(self->mask + 1, sizeof(uint64_t));
     self->vals = calloc(self->mask + 1, sizeof(uint32_t));
-    self->touched = calloc(LINE_TOUCHED_CAP, sizeof(uint32_t));
+    self->touched = calloc(LINE_TOUCHED_CAP, sizeof(*self->touched));
     if (self->keys == NULL || self->vals == NULL || self->touched == NULL) {
         LineTable_fini(self);
         return -1;
@@ -53,7 +53,7 @@ LineTable_fini(LineTable *self)
         free(self->chunks[i]);
     free(self->keys);
     free(self->vals);
-    free(self->touched);
+    free((void *)self->touched);
     memset(self, 0, sizeof(*self));
 }
 
@@ -113,12 +113,11 @@ LineTable_intern(LineTable *self, uint32_t code, int32_t lineno)
 }
 
 int
-LineTable_touched(LineTable *self, const uint32_t **ids, uint32_t *n)
+LineTable_touched(LineTable *self, uint32_t *n)
 {
     if (atomic_load_explicit(&self->touched_overflow, memory_order_relaxed))
         return -1;
     uint32_t k = atomic_load_explicit(&self->ntouched, memory_order_acquire);
-    *ids = self->touched;
     *n = k < LINE_TOUCHED_CAP ? k : LINE_TOUCHED_CAP;
     return 0;
 }
@@ -138,9 +137,8 @@ LineRec_zero(LineRec *r)
 void
 LineTable_reset(LineTable *self)
 {
-    const uint32_t *ids;
     uint32_t n;
-    if (LineTable_touched(self, &ids, &n) < 0) {
+    if (LineTable_touched(self, &n) < 0) {
         n = atomic_load(&self->count);
         for (uint32_t id = 1; id <= n; id++)
             LineRec_zero(LineTable_get(self, id));
@@ -148,12 +146,13 @@ LineTable_reset(LineTable *self)
     }
     else {
         for (uint32_t i = 0; i < n; i++) {
-            LineRec *r = LineTable_get(self, ids[i]);
+            LineRec *r = LineTable_get(self, LineTable_touched_id(self, i));
             if (r != NULL)
                 LineRec_zero(r);
         }
     }
-    memset(self->touched, 0, n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++)
+        atomic_store_explicit(&self->touched[i], 0, memory_order_relaxed);
     atomic_store(&self->ntouched, 0);
     atomic_store(&self->touched_overflow, 0);
     atomic_fetch_add(&self->epoch, 1);
@@ -163,7 +162,6 @@ int
 SiteTable_init(SiteTable *self)
 {
     memset(self, 0, sizeof(*self));
-    Spinlock_init(&self->lock);
     atomic_init(&self->count, 0);
     self->mask = 1023;
     self->index = calloc(self->mask + 1, sizeof(uint32_t));
@@ -216,30 +214,26 @@ SiteTable_intern(SiteTable *self, const uint32_t *lines, uint32_t n)
         return 0;
     if (n > SITE_CHAIN)
         n = SITE_CHAIN;
-    uint32_t id = 0;
     uint32_t h = chain_hash(lines, n);
-    Spinlock_acquire(&self->lock);
-    uint32_t count = atomic_load_explicit(&self->count, memory_order_relaxed);
-    if ((count + 1) * 2 > self->mask + 1 && SiteTable_grow(self) < 0)
-        goto done;
     uint32_t i = h & self->mask;
     while (self->index[i] != 0) {
         const SiteRec *r = SiteTable_get(self, self->index[i]);
-        if (r->n == n && memcmp(r->lines, lines, n * sizeof(uint32_t)) == 0) {
-            id = self->index[i];
-            goto done;
-        }
+        if (r->n == n && memcmp(r->lines, lines, n * sizeof(uint32_t)) == 0)
+            return self->index[i];
         i = (i + 1) & self->mask;
     }
+    uint32_t count = atomic_load_explicit(&self->count, memory_order_relaxed);
+    if ((count + 1) * 2 > self->mask + 1) {
+        if (SiteTable_grow(self) < 0)
+            return 0;
+        return SiteTable_intern(self, lines, n);
+    }
     if (chunk_reserve((void **)self->chunks, count, sizeof(SiteRec)) < 0)
-        goto done;
+        return 0;
     SiteRec *rec = &self->chunks[count >> TABLE_CHUNK_BITS][count & (TABLE_CHUNK - 1)];
     rec->n = n;
     memcpy(rec->lines, lines, n * sizeof(uint32_t));
     self->index[i] = count + 1;
     atomic_store_explicit(&self->count, count + 1, memory_order_release);
-    id = count + 1;
-done:
-    Spinlock_release(&self->lock);
-    return id;
+    return count + 1;
 }

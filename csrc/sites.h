@@ -3,21 +3,20 @@
  * A line is (code id, line number), interned by the tracer when a traced
  * frame reaches it; it carries the per-line statistics (hits, bytes
  * allocated, the peak device totals while it ran).  A site is a user call
- * chain of up to SITE_CHAIN lines, innermost first, interned on the
- * allocator's path when a block is allocated.
+ * chain of up to SITE_CHAIN lines, innermost first, interned by the
+ * tracer when a traced frame reaches a line (shadow_stack.c), so that the
+ * allocator's path finds its block's site ready and interns nothing.
  *
  * Both tables are append-only and chunked: a record never moves once
- * published, so the allocator path reads lines and sites without the GIL
- * and without a lock.  Lines are interned only under the GIL; sites from any
- * thread, under the site table's spinlock.
+ * published, so the allocator path reads lines without the GIL and without
+ * a lock.  Lines and sites are interned only under the GIL, which orders
+ * every writer; there is no lock.
  */
 #ifndef MEMLAB_SITES_H
 #define MEMLAB_SITES_H
 
 #include <stdatomic.h>
 #include <stdint.h>
-
-#include "spinlock.h"
 
 #define SITE_CHAIN 8
 #define LINE_SLOTS 4            /* devices with per-line figures: cpu, cuda:0..2 */
@@ -47,7 +46,7 @@ typedef struct LineTable {
      * suite ever ran.  Appended from any thread; 0 marks a slot reserved
      * but not yet written.  Past its capacity every line is read. */
     atomic_uint epoch;
-    uint32_t *touched;
+    _Atomic uint32_t *touched;
     atomic_uint ntouched;
     atomic_int touched_overflow;
 } LineTable;
@@ -60,7 +59,6 @@ typedef struct SiteRec {
 } SiteRec;
 
 typedef struct SiteTable {
-    Spinlock lock;
     SiteRec *chunks[TABLE_MAX_CHUNKS];
     atomic_uint count;          /* ids 1..count are published */
     uint32_t *index;            /* open addressing over site ids, 0 empty */
@@ -92,21 +90,29 @@ LineTable_touch(LineTable *self, LineRec *r, uint32_t id)
     uint32_t n = atomic_fetch_add_explicit(&self->ntouched, 1,
                                            memory_order_relaxed);
     if (n < LINE_TOUCHED_CAP)
-        self->touched[n] = id;
+        atomic_store_explicit(&self->touched[n], id, memory_order_relaxed);
     else
         atomic_store_explicit(&self->touched_overflow, 1, memory_order_relaxed);
 }
-/* The lines touched since the last reset: their ids in *ids (0 entries to
- * be skipped) and their count in *n; -1 when there were more than the list
- * holds, and every line 1..count must be read instead. */
-int LineTable_touched(LineTable *self, const uint32_t **ids, uint32_t *n);
+/* The lines touched since the last reset: their count in *n, each read by
+ * LineTable_touched_id; -1 when there were more than the list holds, and
+ * every line 1..count must be read instead. */
+int LineTable_touched(LineTable *self, uint32_t *n);
+/* The i-th line touched; 0 (to be skipped) while its toucher has counted
+ * it but not yet written it. */
+static inline uint32_t
+LineTable_touched_id(LineTable *self, uint32_t i)
+{
+    return atomic_load_explicit(&self->touched[i], memory_order_relaxed);
+}
 /* Zeroes the statistics of the lines touched since the last reset (not the
  * lines themselves), and starts a new epoch. */
 void LineTable_reset(LineTable *self);
 
 int SiteTable_init(SiteTable *self);
 void SiteTable_fini(SiteTable *self);
-/* Interns a chain (innermost first); 0 when n is 0 or out of memory. */
+/* Interns a chain (innermost first); 0 when n is 0 or out of memory.
+ * Under the GIL only. */
 uint32_t SiteTable_intern(SiteTable *self, const uint32_t *lines, uint32_t n);
 static inline const SiteRec *
 SiteTable_get(SiteTable *self, uint32_t id)

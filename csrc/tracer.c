@@ -5,18 +5,15 @@
  */
 #include "tracer_internal.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#if PY_VERSION_HEX < 0x030B0000
-#include <frameobject.h>
-#endif
+#include "phase_labels.h"
 
 TracerState T;
 _Thread_local int in_callback;
+/* The calling thread's stack: what the allocator path reads first, so a
+ * thread-local, not a lookup in T.threads. */
 static _Thread_local ShadowStack *tls_stack;
-static PhaseLog phase_log;      /* under the GIL: callbacks and the API */
 
 /* -- errors: never raised from a callback ----------------------------- */
 
@@ -136,46 +133,6 @@ Tracer_thread(void)
 
 /* -- phases --------------------------------------------------------------- */
 
-/* The type name of a local of frame (or of the first item of it, a tuple:
- * the optimizer's step wrapper takes *args), into buf; "" if none. */
-static void
-local_type_name(PyFrameObject *frame, const char *name, int first_item,
-                char *buf, size_t size)
-{
-    buf[0] = '\0';
-    if (frame == NULL)
-        return;
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *v = PyFrame_GetVarString(frame, name);
-#elif PY_VERSION_HEX >= 0x030B0000
-    PyObject *locals = PyFrame_GetLocals(frame);
-    PyObject *v = NULL;
-    if (locals != NULL) {
-        v = PyMapping_GetItemString(locals, name);
-        Py_DECREF(locals);
-    }
-#else
-    /* 3.10: the frame's struct is public; f_locals after the copy. */
-    PyObject *v = NULL;
-    if (PyFrame_FastToLocalsWithError(frame) == 0 && frame->f_locals != NULL)
-        v = PyMapping_GetItemString(frame->f_locals, name);
-#endif
-    if (v == NULL) {
-        PyErr_Clear();
-        return;
-    }
-    PyObject *obj = v;
-    if (first_item) {
-        obj = PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0 ? PyTuple_GET_ITEM(v, 0) : NULL;
-    }
-    if (obj != NULL) {
-        const char *tp = Py_TYPE(obj)->tp_name;
-        const char *dot = strrchr(tp, '.');
-        snprintf(buf, size, "%s", dot != NULL ? dot + 1 : tp);
-    }
-    Py_DECREF(v);
-}
-
 void
 Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
 {
@@ -183,30 +140,12 @@ Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
      * forward calls its children's, a step may call another's. */
     if (t == NULL || t->phase_depth[ci->phase]++ > 0)
         return;
-    char name[PHASE_LABEL], label[PHASE_LABEL];
-    switch (ci->phase) {
-    case PHASE_FORWARD:
-        local_type_name(frame, "self", 0, name, sizeof name);
-        snprintf(label, sizeof label, "forward%s%s", name[0] ? " " : "", name);
-        break;
-    case PHASE_STEP:
-        local_type_name(frame, "args", 1, name, sizeof name);
-        snprintf(label, sizeof label, "%s%sstep", name, name[0] ? "." : "");
-        break;
-    default: {
-        PyCodeObject *code = frame != NULL ? PyFrame_GetCode(frame) : NULL;
-        const char *fn = code != NULL ? PyUnicode_AsUTF8(code->co_name) : NULL;
-        if (fn == NULL)
-            PyErr_Clear();
-        snprintf(label, sizeof label, "%s", fn != NULL && strcmp(fn, "grad") == 0
-                                               ? "autograd.grad" : "backward");
-        Py_XDECREF(code);
-    }
-    }
+    char label[PHASE_LABEL];
+    PhaseLabel_format(label, sizeof label, ci->phase, frame);
     for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
         uint64_t seq;
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
-            PhaseLog_add(&phase_log, ci->phase, slot, seq, label);
+            PhaseLog_add(&T.phases, ci->phase, slot, seq, label);
     }
 }
 
@@ -221,18 +160,18 @@ Tracer_phase_leave(ShadowStack *t, const CodeInfo *ci)
     for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
         uint64_t seq;
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
-            PhaseLog_add(&phase_log, -ci->phase, slot, seq, "");
+            PhaseLog_add(&T.phases, -ci->phase, slot, seq, "");
     }
 }
 
 PyObject *
 Tracer_phases(void)
 {
-    PyObject *list = PyList_New(phase_log.n);
+    PyObject *list = PyList_New(T.phases.n);
     if (list == NULL)
         return NULL;
-    for (uint32_t i = 0; i < phase_log.n; i++) {
-        const PhaseRec *r = &phase_log.recs[i];
+    for (uint32_t i = 0; i < T.phases.n; i++) {
+        const PhaseRec *r = &T.phases.recs[i];
         PyObject *t = Py_BuildValue("(iiKs)", r->kind, r->slot,
                                     (unsigned long long)r->seq, r->label);
         if (t == NULL) {
@@ -242,7 +181,7 @@ Tracer_phases(void)
         PyList_SET_ITEM(list, i, t);
     }
     PyObject *result = Py_BuildValue("(OK)", list,
-                                     (unsigned long long)phase_log.dropped);
+                                     (unsigned long long)T.phases.dropped);
     Py_DECREF(list);
     return result;
 }
@@ -250,10 +189,11 @@ Tracer_phases(void)
 /* -- the allocator's path --------------------------------------------- */
 
 /* The engine's attribution function, for every allocation, on any thread,
- * without the GIL: it charges the bytes to the running user line (and the
- * line's peak totals), then interns the user call chain as the block's
- * site.  Threads with no user frame (autograd's device threads) allocate on
- * behalf of the measuring thread's current line. */
+ * without the GIL and without a lock: it charges the bytes to the running
+ * user line (and the line's peak totals) and returns the site that the
+ * thread interned for its user call chain when the line began.  Threads
+ * with no user frame (autograd's device threads) allocate on behalf of the
+ * measuring thread's current line. */
 static uint32_t
 tracer_attribute(void *ctx, int slot, int64_t size, int64_t total,
                  int64_t reserved)
@@ -266,29 +206,7 @@ tracer_attribute(void *ctx, int slot, int64_t size, int64_t total,
         t = atomic_load_explicit(&T.anchor, memory_order_acquire);
     if (t == NULL)
         return 0;
-    int d = atomic_load_explicit(&t->depth, memory_order_acquire);
-    if (d <= 0)
-        return 0;
-    if (d > SHADOW_STACK_DEPTH)
-        d = SHADOW_STACK_DEPTH;
-    ShadowFrame *top = &t->frames[d - 1];
-    if (slot < LINE_SLOTS) {
-        if (total > top->hw[slot])
-            top->hw[slot] = total;
-        if (reserved > top->hwr[slot])
-            top->hwr[slot] = reserved;
-        LineRec *r = LineTable_get(&T.lines, top->line);
-        if (r != NULL) {
-            LineTable_touch(&T.lines, r, top->line);
-            atomic_fetch_add_explicit(&r->alloc[slot], size,
-                                      memory_order_relaxed);
-        }
-    }
-    uint32_t chain[SITE_CHAIN];
-    uint32_t n = d < SITE_CHAIN ? (uint32_t)d : SITE_CHAIN;
-    for (uint32_t i = 0; i < n; i++)
-        chain[i] = t->frames[d - 1 - i].line;
-    return SiteTable_intern(&T.sites, chain, n);
+    return ShadowStack_attribute(t, &T.lines, slot, size, total, reserved);
 }
 
 /* -- the API -------------------------------------------------------------- */
@@ -302,6 +220,7 @@ Tracer_init(PyObject *module, Engine *engine)
     T.module = Py_NewRef(module);
     T.clock.engine = engine;
     T.clock.lines = &T.lines;
+    T.clock.sites = &T.sites;
     T.tool = -1;
     T.epoch = 1;
     atomic_init(&T.tracing, 0);
@@ -412,13 +331,12 @@ Tracer_line_stats(int slot)
     PyObject *result = PyList_New(0);
     if (result == NULL)
         return NULL;
-    const uint32_t *ids;
     uint32_t n;
-    int all = LineTable_touched(&T.lines, &ids, &n) < 0;
+    int all = LineTable_touched(&T.lines, &n) < 0;
     if (all)
         n = atomic_load(&T.lines.count);
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t id = all ? i + 1 : ids[i];
+        uint32_t id = all ? i + 1 : LineTable_touched_id(&T.lines, i);
         LineRec *r = LineTable_get(&T.lines, id);
         if (r == NULL)
             continue;
@@ -446,7 +364,7 @@ PyObject *
 Tracer_reset_lines(void)
 {
     LineTable_reset(&T.lines);
-    PhaseLog_reset(&phase_log);
+    PhaseLog_reset(&T.phases);
     Py_RETURN_NONE;
 }
 

@@ -7,6 +7,7 @@
 #define MEMLAB_TRACER_INTERNAL_H
 
 #include "tracer.h"
+#include "phases.h"
 #include "shadow_stack.h"
 
 #if PY_VERSION_HEX >= 0x030C0000
@@ -36,7 +37,8 @@ typedef struct TracerState {
     PyObject *module;
     LineTable lines;
     SiteTable sites;
-    LineClock clock;            /* engine + lines, for the shadow stacks */
+    LineClock clock;            /* engine, lines and sites, for the stacks */
+    PhaseLog phases;            /* since the last reset of the lines */
     PyObject *codes;            /* list: code_id - 1 -> code object */
     PyObject *decide;
     PyObject *error;            /* stored by a callback, raised by the API */

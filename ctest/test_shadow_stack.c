@@ -16,6 +16,7 @@
 typedef struct Fixture {
     Engine *engine;
     LineTable *lines;
+    SiteTable *sites;
     LineClock clock;
     ShadowStack *stack;
     uint32_t scope;
@@ -27,10 +28,13 @@ setup(void **state)
     Fixture *f = calloc(1, sizeof(Fixture));
     f->engine = Engine_new();
     f->lines = calloc(1, sizeof(LineTable));
-    if (f->engine == NULL || f->lines == NULL || LineTable_init(f->lines) < 0)
+    f->sites = calloc(1, sizeof(SiteTable));
+    if (f->engine == NULL || f->lines == NULL || f->sites == NULL
+        || LineTable_init(f->lines) < 0 || SiteTable_init(f->sites) < 0)
         return -1;
     f->clock.engine = f->engine;
     f->clock.lines = f->lines;
+    f->clock.sites = f->sites;
     f->stack = ShadowStack_new();
     if (Engine_begin(f->engine, CUDA0, 0, 0, 0, &f->scope) < 0)
         return -1;
@@ -48,6 +52,8 @@ teardown(void **state)
     free(f->stack);
     LineTable_fini(f->lines);
     free(f->lines);
+    SiteTable_fini(f->sites);
+    free(f->sites);
     Engine_free(f->engine);
     free(f);
     return 0;
@@ -68,8 +74,16 @@ test_a_callees_peak_counts_for_the_calling_line(void **state)
     ShadowStack_push(f->stack, &f->clock, 2, 20);        /* callee */
     Engine_event(f->engine, CUDA0, 0xA00, 512, 512, 2048, EVENT_REPORT);
     /* the allocator path raises the running frame's high-water mark */
-    f->stack->frames[1].hw[CUDA0] = 512;
+    uint32_t site = ShadowStack_attribute(f->stack, f->lines, CUDA0, 512, 512,
+                                          2048);
     Engine_event(f->engine, CUDA0, 0xA00, -512, 0, 2048, EVENT_REPORT);
+    /* its site is the chain the frames interned: callee's line, caller's */
+    const SiteRec *r = SiteTable_get(f->sites, site);
+    assert_non_null(r);
+    assert_int_equal(r->n, 2);
+    assert_int_equal(r->lines[0], LineTable_intern(f->lines, 2, 20));
+    assert_int_equal(r->lines[1], LineTable_intern(f->lines, 1, 11));
+    assert_int_equal(atomic_load(&line(f, 2, 20)->alloc[CUDA0]), 512);
     ShadowStack_pop(f->stack, &f->clock, 2);
     assert_int_equal(atomic_load(&f->stack->depth), 1);
     ShadowStack_pop(f->stack, &f->clock, 1);

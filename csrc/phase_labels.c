@@ -1,0 +1,76 @@
+#include "phase_labels.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "phases.h"
+
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>
+#endif
+
+/* The type name of a local of frame (or of the first item of it, a tuple:
+ * the optimizer's step wrapper takes *args), into buf; "" if none. */
+static void
+local_type_name(PyFrameObject *frame, const char *name, int first_item,
+                char *buf, size_t size)
+{
+    buf[0] = '\0';
+    if (frame == NULL)
+        return;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *v = PyFrame_GetVarString(frame, name);
+#elif PY_VERSION_HEX >= 0x030B0000
+    PyObject *locals = PyFrame_GetLocals(frame);
+    PyObject *v = NULL;
+    if (locals != NULL) {
+        v = PyMapping_GetItemString(locals, name);
+        Py_DECREF(locals);
+    }
+#else
+    /* 3.10: the frame's struct is public; f_locals after the copy. */
+    PyObject *v = NULL;
+    if (PyFrame_FastToLocalsWithError(frame) == 0 && frame->f_locals != NULL)
+        v = PyMapping_GetItemString(frame->f_locals, name);
+#endif
+    if (v == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *obj = v;
+    if (first_item) {
+        obj = PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0 ? PyTuple_GET_ITEM(v, 0) : NULL;
+    }
+    if (obj != NULL) {
+        const char *tp = Py_TYPE(obj)->tp_name;
+        const char *dot = strrchr(tp, '.');
+        snprintf(buf, size, "%s", dot != NULL ? dot + 1 : tp);
+    }
+    Py_DECREF(v);
+}
+
+void
+PhaseLabel_format(char *buf, size_t size, int kind, PyFrameObject *frame)
+{
+    char name[PHASE_LABEL];
+    switch (kind) {
+    case PHASE_FORWARD:
+        local_type_name(frame, "self", 0, name, sizeof name);
+        snprintf(buf, size, "forward%s%s", name[0] ? " " : "", name);
+        break;
+    case PHASE_STEP:
+        local_type_name(frame, "args", 1, name, sizeof name);
+        snprintf(buf, size, "%s%sstep", name, name[0] ? "." : "");
+        break;
+    default: {
+        /* torch.autograd.backward and torch.autograd.grad share the kind. */
+        PyCodeObject *code = frame != NULL ? PyFrame_GetCode(frame) : NULL;
+        const char *fn = code != NULL ? PyUnicode_AsUTF8(code->co_name) : NULL;
+        if (fn == NULL)
+            PyErr_Clear();
+        snprintf(buf, size, "%s", fn != NULL && strcmp(fn, "grad") == 0
+                                      ? "autograd.grad" : "backward");
+        Py_XDECREF(code);
+    }
+    }
+}

@@ -1,0 +1,257 @@
+/* The hot path's promises under threads, for ThreadSanitizer (make
+ * check-tsan) and the other builds alike: allocator threads deliver events
+ * while the measuring thread opens and closes scopes, reads their figures,
+ * moves its shadow stack's lines and resets them; the attribution reads
+ * that stack and raises its high-water marks from every allocator thread
+ * at once. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <pthread.h>
+
+#include <cmocka.h>
+
+#include "engine.h"
+#include "shadow_stack.h"
+#include "sites.h"
+
+#define CPU ENGINE_SLOT_CPU
+#define CUDA0 1
+#define THREADS 4
+#define MIN_EVENTS 1000
+
+typedef struct World {
+    Engine *engine;
+    LineTable lines;
+    SiteTable sites;
+    LineClock clock;
+    ShadowStack *stack;         /* the measuring thread's */
+    atomic_int go;
+    atomic_int stop;
+} World;
+
+typedef struct Worker {
+    World *world;
+    int index;
+    int slot;
+    long events;
+} Worker;
+
+/* As tracer.c's: threads without frames of their own allocate on behalf of
+ * the measuring thread's stack. */
+static uint32_t
+attribute(void *ctx, int slot, int64_t size, int64_t total, int64_t reserved)
+{
+    World *w = ctx;
+    return ShadowStack_attribute(w->stack, &w->lines, slot, size, total,
+                                 reserved);
+}
+
+static World *
+world_new(void)
+{
+    World *w = calloc(1, sizeof(World));
+    assert_non_null(w);
+    w->engine = Engine_new();
+    assert_non_null(w->engine);
+    assert_int_equal(LineTable_init(&w->lines), 0);
+    assert_int_equal(SiteTable_init(&w->sites), 0);
+    w->clock = (LineClock){w->engine, &w->lines, &w->sites};
+    w->stack = ShadowStack_new();
+    assert_non_null(w->stack);
+    atomic_init(&w->go, 0);
+    atomic_init(&w->stop, 0);
+    /* Devices are created by the API (the measuring thread) before any
+     * event can reach them. */
+    for (int slot = CPU; slot <= CUDA0; slot++) {
+        uint32_t id;
+        Scope s;
+        assert_int_equal(Engine_begin(w->engine, slot, 0, 0, 0, &id), 0);
+        assert_int_equal(Engine_end(w->engine, slot, id, &s), 0);
+        Scope_fini(&s);
+    }
+    Engine_set_attribution(w->engine, attribute, w);
+    return w;
+}
+
+static void
+world_free(World *w)
+{
+    Engine_free(w->engine);
+    free(w->stack);
+    SiteTable_fini(&w->sites);
+    LineTable_fini(&w->lines);
+    free(w);
+}
+
+static void *
+allocate_and_free(void *arg)
+{
+    Worker *k = arg;
+    World *w = k->world;
+    while (!atomic_load(&w->go))
+        ;
+    /* Addresses of its own, so that threads never free each other's. */
+    uintptr_t base = ((uintptr_t)k->index + 1) << 24;
+    int64_t total = 0;
+    for (long i = 0; i < MIN_EVENTS || !atomic_load(&w->stop); i++) {
+        uintptr_t addr = base + (uintptr_t)(i % 64) * 4096;
+        int64_t size = 512 + (i % 7) * 64;
+        total += size;
+        Engine_event(w->engine, k->slot, addr, size, total, total * 2,
+                     EVENT_REPORT);
+        total -= size;
+        Engine_event(w->engine, k->slot, addr, -size, total, total * 2,
+                     EVENT_REPORT);
+        k->events += 2;
+    }
+    return NULL;
+}
+
+static void
+start_workers(World *w, Worker *workers, pthread_t *threads)
+{
+    for (int i = 0; i < THREADS; i++) {
+        workers[i] = (Worker){w, i, i % 2 ? CUDA0 : CPU, 0};
+        assert_int_equal(pthread_create(&threads[i], NULL, allocate_and_free,
+                                        &workers[i]), 0);
+    }
+    atomic_store(&w->go, 1);
+}
+
+/* While events flow on two devices at once (a scope stays open on each, so
+ * that every allocation is attributed): scopes opened and closed inside
+ * them, their figures, blocks, timelines and totals read, the stack's
+ * frames pushed, moved and popped, the line statistics read and reset. */
+static void
+test_events_against_scopes_and_a_moving_stack(void **state)
+{
+    (void)state;
+    World *w = world_new();
+    Worker workers[THREADS];
+    pthread_t threads[THREADS];
+    uint32_t outer[2];
+    Scope s;
+    assert_int_equal(Engine_begin(w->engine, CPU, 0, -1, -1, &outer[CPU]), 0);
+    assert_int_equal(Engine_begin(w->engine, CUDA0, 0, 0, 0, &outer[CUDA0]), 0);
+    start_workers(w, workers, threads);
+    Block blocks[64];
+    for (int round = 0; round < 400; round++) {
+        int slot = round % 2 ? CUDA0 : CPU;
+        uint32_t id, inner;
+        assert_int_equal(Engine_begin(w->engine, slot, 0, -1, -1, &id), 0);
+        assert_int_equal(Engine_timeline_start(w->engine, slot, id), 0);
+        ShadowStack_push(w->stack, &w->clock, 1, 10);
+        ShadowStack_push(w->stack, &w->clock, 2, 20 + round % 3);
+        assert_int_equal(ShadowStack_line(w->stack, &w->clock, 2, 21), 1);
+        assert_int_equal(Engine_begin(w->engine, slot, round % 3 == 0, -1, -1,
+                                      &inner), 0);
+        assert_int_equal(Engine_stats(w->engine, slot, inner, 1, &s), 0);
+        assert_true(s.peak >= s.live);
+        Scope_fini(&s);
+        long n = Engine_blocks(w->engine, slot, id, blocks, 64);
+        assert_true(n >= 0);
+        for (long i = 0; i < n && i < 64; i++)
+            assert_true(blocks[i].site <= atomic_load(&w->sites.count));
+        assert_int_equal(Engine_end(w->engine, slot, inner, &s), 0);
+        Scope_fini(&s);
+        ShadowStack_pop(w->stack, &w->clock, 2);
+        assert_int_equal(ShadowStack_line(w->stack, &w->clock, 1, 11), 1);
+        uint64_t seq;
+        assert_int_equal(Engine_timeline_seq(w->engine, slot, &seq), 0);
+        int64_t total, reserved;
+        assert_int_equal(Engine_totals(w->engine, slot, &total, &reserved), 0);
+        uint32_t touched;
+        if (LineTable_touched(&w->lines, &touched) == 0) {
+            for (uint32_t i = 0; i < touched; i++)
+                (void)LineTable_touched_id(&w->lines, i);
+        }
+        if (round % 10 == 0) {
+            LineTable_reset(&w->lines);
+            ShadowStack_unwind_to(w->stack, &w->clock, 0);
+            ShadowStack_reset(w->stack);
+        }
+        assert_int_equal(Engine_end(w->engine, slot, id, &s), 0);
+        assert_true(s.live >= 0);
+        assert_true(s.peak >= s.live);
+        Scope_fini(&s);
+        uint64_t dropped;
+        assert_int_equal(Engine_take_error(w->engine, slot, &dropped), ENGINE_OK);
+    }
+    atomic_store(&w->stop, 1);
+    long events = 0;
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(threads[i], NULL), 0);
+        events += workers[i].events;
+    }
+    for (int slot = CUDA0; slot >= CPU; slot--) {
+        assert_int_equal(Engine_end(w->engine, slot, outer[slot], &s), 0);
+        assert_int_equal(s.live, 0);    /* every thread freed what it took */
+        assert_true(s.allocs > 0);
+        Scope_fini(&s);
+    }
+    assert_true(events >= THREADS * MIN_EVENTS);
+    world_free(w);
+}
+
+typedef struct Raiser {
+    ShadowStack *stack;
+    LineTable *lines;
+    atomic_int *go;
+    int64_t base;
+} Raiser;
+
+static void *
+raise_marks(void *arg)
+{
+    Raiser *r = arg;
+    while (!atomic_load(r->go))
+        ;
+    for (int64_t i = 0; i < 5000; i++)
+        (void)ShadowStack_attribute(r->stack, r->lines, CUDA0, 1,
+                                    r->base + i, r->base + 2 * i);
+    return NULL;
+}
+
+/* Several threads raise one frame's high-water marks at once: none of their
+ * raises is lost (the mark ends at the highest), and the line's peak, taken
+ * when the line ends, is that mark. */
+static void
+test_high_water_marks_from_several_threads(void **state)
+{
+    (void)state;
+    World *w = world_new();
+    ShadowStack_push(w->stack, &w->clock, 3, 30);
+    Raiser raisers[THREADS];
+    pthread_t threads[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        raisers[i] = (Raiser){w->stack, &w->lines, &w->go, (int64_t)i * 1000};
+        assert_int_equal(pthread_create(&threads[i], NULL, raise_marks,
+                                        &raisers[i]), 0);
+    }
+    atomic_store(&w->go, 1);
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_join(threads[i], NULL), 0);
+    int64_t top = (THREADS - 1) * 1000 + 4999;
+    int64_t top_reserved = (THREADS - 1) * 1000 + 2 * 4999;
+    assert_int_equal(atomic_load(&w->stack->frames[0].hw[CUDA0]), top);
+    assert_int_equal(atomic_load(&w->stack->frames[0].hwr[CUDA0]), top_reserved);
+    ShadowStack_pop(w->stack, &w->clock, 3);
+    LineRec *line = LineTable_get(&w->lines, LineTable_intern(&w->lines, 3, 30));
+    assert_int_equal(atomic_load(&line->peak[CUDA0]), top);
+    assert_int_equal(atomic_load(&line->peak_reserved[CUDA0]), top_reserved);
+    assert_int_equal(atomic_load(&line->alloc[CUDA0]), THREADS * 5000);
+    world_free(w);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_events_against_scopes_and_a_moving_stack),
+        cmocka_unit_test(test_high_water_marks_from_several_threads),
+    };
+    return cmocka_run_group_tests_name("concurrency", tests, NULL, NULL);
+}
