@@ -23,7 +23,7 @@ BRIDGE_FILES = ["csrc/bridge.cpp", "csrc/memlab_bridge.h"]
 
 
 def load_bridge_builder():
-    path = os.path.join(HERE, "pytest_memlab", "_bridge_build.py")
+    path = os.path.join(HERE, "pytest_memlab", "engine", "bridge_build.py")
     spec = importlib.util.spec_from_file_location("_memlab_bridge_build", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

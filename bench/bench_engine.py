@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_memlab._core import engine
+from pytest_memlab import _engine as engine
 
 TARGET = 50e6
 

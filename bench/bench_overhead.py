@@ -67,9 +67,9 @@ def worker(workload: str, config: str, reps: int) -> None:
 
     once = plain
     if config.startswith("memlab"):
-        from pytest_memlab._core import core
-        from pytest_memlab.tracing import tracing
-        from pytest_memlab.measure import Measurement
+        from pytest_memlab.engine.backend import core
+        from pytest_memlab.engine.tracing import tracing
+        from pytest_memlab.measuring.measurement import Measurement
 
         c = core()
         assert c.name == "bridge", c.reason

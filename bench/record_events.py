@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from pytest_memlab._core import core, engine
-from pytest_memlab.measure import Measurement
+from pytest_memlab import _engine as engine
+from pytest_memlab.engine.backend import core
+from pytest_memlab.measuring.measurement import Measurement
 
 
 def main() -> None:

@@ -4,11 +4,12 @@ The pytest plugin lives in :mod:`pytest_memlab.plugin` and is loaded through
 the ``pytest11`` entry point ``memlab``.
 """
 
-from .courtesy import Courtesy
-from .lab import LineProfiler, clear_global_line_profiler, profile, profile_every, set_target_gpu
-from .measure import DeviceFigures, Measurement, MemoryBudgetExceeded
+from .engine.meters import DeviceFigures
+from .lab.courtesy import Courtesy
+from .lab.line_profiler import LineProfiler, clear_global_line_profiler, profile, profile_every, set_target_gpu
+from .lab.tensor_report import MemReporter, StorageReport
+from .measuring.measurement import Measurement, MemoryBudgetExceeded
 from .sizes import SizeError, format_size, parse_size
-from .storage import MemReporter, StorageReport
 
 __all__ = [
     "Courtesy", "DeviceFigures", "LineProfiler", "MemReporter", "Measurement", "StorageReport", "MemoryBudgetExceeded", "SizeError",
@@ -19,7 +20,7 @@ __all__ = [
 
 def load_ipython_extension(ipython):
     """``%load_ext pytest_memlab``: the ``%mlrun`` / ``%%mlrun`` magics."""
-    from .ipython import load_ipython_extension as load
+    from .lab.ipython_magics import load_ipython_extension as load
 
     load(ipython)
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .baseline import BaselineError, merge
+from .judging.baseline_file import BaselineError, merge
 
 
 def main(argv: list[str] | None = None) -> int:

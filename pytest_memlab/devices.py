@@ -1,7 +1,7 @@
 """Devices as memlab names them, in one place: ``"cpu"`` and ``"cuda:N"``
 (concrete), and ``"cuda"`` (the current CUDA device when a test starts).
 Markers, the laboratory API and the meters all parse and resolve through
-here; the engine numbers them in slots (0 the CPU, 1 + N cuda:N).
+here; the engine numbers them in slots (:mod:`.engine.slots`).
 
 Resolving never initialises CUDA: a test that never touches the GPU leaves
 it untouched under measurement too (CUDA that is not initialised holds no
@@ -10,7 +10,7 @@ memory, so its totals are 0 by definition).
 
 from __future__ import annotations
 
-from ._core import BRIDGE, COUNTERS
+from .engine.backend import BRIDGE, COUNTERS
 
 CPU = "cpu"
 
@@ -48,11 +48,6 @@ def parse_device(value: object, *, allow_cpu: bool = True, default_cuda: str = "
 
 def cuda_index(device: str) -> int:
     return int(device.split(":")[1])
-
-
-def slot_of(device: str) -> int:
-    """The engine's slot of a concrete device: 0 the CPU, 1 + N cuda:N."""
-    return 0 if device == CPU else 1 + cuda_index(device)
 
 
 def cuda_available(core) -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
 from .devices import DeviceError, parse_device
 from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 
@@ -106,3 +108,38 @@ def specs_for(item) -> list[MemorySpec]:
         if marker is not None:
             specs.append(parse_marker(name, marker.args, marker.kwargs))
     return specs
+
+
+# Each collected test's specs: set after collection (markers that hooks add
+# count), read by every hook of its run.
+SPECS = pytest.StashKey[list]()
+
+
+def bad_markers(nodes) -> list[str]:
+    """"nodeid: what is wrong" for each item among nodes whose marker does
+    not parse."""
+    errors = []
+    for node in nodes:
+        if isinstance(node, pytest.Item):
+            try:
+                specs_for(node)
+            except MarkerError as exc:
+                errors.append(f"{node.nodeid}: {exc}")
+    return errors
+
+
+def stash_specs(items, measure_all: bool) -> list[str]:
+    """Parses each item's markers into its SPECS (an unmarked test gets an
+    unbudgeted spec when --memlab measures every test, or when it asks for
+    the memlab fixture); returns the errors, as bad_markers."""
+    errors = []
+    for item in items:
+        try:
+            specs = specs_for(item)
+        except MarkerError as exc:
+            errors.append(f"{item.nodeid}: {exc}")
+            continue
+        if not specs and (measure_all or "memlab" in getattr(item, "fixturenames", ())):
+            specs = [MemorySpec(kind="auto", device=None, leaks=None, marked=False)]
+        item.stash[SPECS] = specs
+    return errors

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .baseline import DEFAULT_TOLERANCE
+from .judging.verdicts import DEFAULT_TOLERANCE, LEAK_POLICIES
 from .sizes import SizeError, Tolerance, parse_tolerance
 
 REPORT_KINDS = ("term", "json:PATH", "html:PATH")
@@ -71,13 +71,10 @@ def positive_int(value: str) -> int:
     return n
 
 
-LEAK_POLICIES = ("fail", "warn", "off")
-
-
 def leak_policy(value: str) -> str:
     value = value.strip().lower()
     if value not in LEAK_POLICIES:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a leak policy (expected one of: fail, warn, off)")
+        raise argparse.ArgumentTypeError(f"{value!r} is not a leak policy (expected one of: {', '.join(LEAK_POLICIES)})")
     return value
 
 

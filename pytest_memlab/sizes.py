@@ -1,6 +1,6 @@
 """Byte sizes as users write them, and as the plugin prints them.
 
-Parsing follows DESIGN.md exactly: ``K M G T`` and ``KiB MiB GiB TiB`` are
+Parsing follows the README ("Markers") exactly: ``K M G T`` and ``KiB MiB GiB TiB`` are
 powers of 1024, ``kB MB GB TB`` powers of 1000, ``B`` or no unit is bytes;
 decimals and one space between number and unit are allowed.  A budget that is
 not a whole number of bytes is rounded down, which decides every comparison
@@ -111,3 +111,8 @@ def parse_tolerance(value: object) -> Tolerance:
             except SizeError as exc:
                 raise SizeError(f"tolerance {value!r}: {exc}") from None
     return Tolerance(fraction or Fraction(0), absolute or 0, value.strip())
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """"1 test", "2 tests" (many: the irregular plural)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"

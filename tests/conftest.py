@@ -53,7 +53,7 @@ def line_no(path, text: str) -> int:
 @pytest.fixture
 def core():
     """The chosen backend, which must be the torch bridge."""
-    from pytest_memlab._core import BRIDGE, core
+    from pytest_memlab.engine.backend import BRIDGE, core
 
     c = core()
     if c.name != BRIDGE:

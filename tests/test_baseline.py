@@ -400,7 +400,7 @@ def test_shards_merge_into_one_baseline(inner, dev):
 
 UPDATE_MANY = """
 import sys
-from pytest_memlab.baseline import update
+from pytest_memlab.judging.baseline_file import update
 path, worker = sys.argv[1], sys.argv[2]
 for i in range(25):
     update(path, "cpu", {"python": "x"}, {f"t.py::test_{worker}_{i}": {"cpu": {"peak": i, "leaked": 0}}})
@@ -431,7 +431,7 @@ def test_an_interrupted_run_leaves_the_file_whole(inner):
 
 
 def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
-    from pytest_memlab import baseline
+    from pytest_memlab import atomic_files
 
     path = tmp_path / "bl.json"
     path.write_text("old\n")
@@ -439,9 +439,9 @@ def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
     def broken_fsync(fd):
         raise OSError("disk full")
 
-    monkeypatch.setattr(baseline.os, "fsync", broken_fsync)
+    monkeypatch.setattr(atomic_files.os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="disk full"):
-        baseline.write_atomic(path, "new\n")
+        atomic_files.write_atomic(path, "new\n")
     assert path.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["bl.json"]
 
@@ -460,7 +460,7 @@ def test_the_ci_example_uses_only_real_options(pytester):
 
 
 def test_what_counts_as_another_environment():
-    from pytest_memlab.baseline import environment_differences
+    from pytest_memlab.judging.baseline_file import environment_differences
 
     old = {"device": "NVIDIA A100-SXM4-40GB", "torch": "2.11.0", "cuda": "12.8", "python": "3.12.3"}
     assert environment_differences(old, {**old, "torch": "2.11.1", "python": "3.12.9"}) == []   # patch releases
@@ -472,7 +472,7 @@ def test_what_counts_as_another_environment():
 
 
 def test_a_run_that_never_started_cuda_keeps_the_lanes_gpu_name(tmp_path):
-    from pytest_memlab.baseline import update
+    from pytest_memlab.judging.baseline_file import update
 
     path = tmp_path / "bl.json"
     gpu = {"device": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "python": "3.12.3"}

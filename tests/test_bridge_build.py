@@ -6,7 +6,7 @@ import ctypes
 import pytest
 
 from conftest import requires_torch
-from pytest_memlab import _bridge_build as bb
+from pytest_memlab.engine import bridge_build as bb
 
 pytestmark = requires_torch
 
@@ -47,7 +47,7 @@ def test_cuda_totals_without_cuda_fall_back_to_torch(core):
     torch, no CUDA), it says so with None and memlab asks torch.cuda."""
     import torch
 
-    from pytest_memlab._core import engine
+    from pytest_memlab import _engine as engine
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is here: tests/test_cuda.py checks the totals")

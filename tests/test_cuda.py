@@ -10,7 +10,7 @@ pytestmark = requires_cuda
 
 
 def _measure(core, device="cuda:0"):
-    from pytest_memlab.measure import Measurement
+    from pytest_memlab.measuring.measurement import Measurement
 
     m = Measurement(core, [device])
     m.begin()
@@ -72,7 +72,7 @@ def test_autograd_thread_allocations_reach_the_reporter(core):
         (x @ w).sum().backward()
         torch.cuda.synchronize()
         fig = m.figures()
-        from pytest_memlab._core import engine
+        from pytest_memlab import _engine as engine
 
         assert engine.totals(1)[0] == torch.cuda.memory_allocated()
         # w.grad (16 MiB) was allocated on the autograd thread and is live
@@ -373,7 +373,7 @@ def test_bridge_reads_the_cuda_allocators_totals_as_torch_does(core):
     the bridge: they must be torch.cuda's own figures, to the byte."""
     import torch
 
-    from pytest_memlab._core import engine
+    from pytest_memlab import _engine as engine
 
     torch.cuda.init()
     held = [torch.empty(n * MiB + 3, dtype=torch.uint8, device="cuda") for n in (1, 7, 33)]

@@ -18,7 +18,7 @@ def test_own_peak_of_two_blocks_freed_is_their_sum():
     E.inject(CPU, 0x2000, -16 * MiB)
     s = E.end(CPU, sid)
     assert s["peak"] == 48 * MiB
-    assert s["own"] == 0
+    assert s["live"] == 0
     assert (s["allocs"], s["frees"]) == (2, 2)
     assert s["reserved_peak"] is None
 
@@ -34,7 +34,7 @@ def test_cuda_totals_come_from_the_allocator_reports():
     assert s["reserved_peak"] == 2048 * MiB
     assert s["peak"] == 40 * MiB
     assert s["total_at_peak"] == 1040 * MiB
-    assert s["own"] == 30 * MiB  # still held at the end: what a leak check reads
+    assert s["live"] == 30 * MiB  # still held at the end: what a leak check reads
 
 
 def test_frees_of_older_blocks_do_not_count():
@@ -44,7 +44,7 @@ def test_frees_of_older_blocks_do_not_count():
     E.inject(CPU, 0x6000, 1 * MiB)
     s = E.end(CPU, sid)
     assert s["peak"] == 1 * MiB
-    assert s["own"] == 1 * MiB
+    assert s["live"] == 1 * MiB
     assert s["frees"] == 0
 
 
@@ -60,9 +60,9 @@ def test_nested_scopes_each_keep_their_own_peak():
     E.inject(CPU, 0x3000, -2 * MiB)
     so = E.end(CPU, outer)
     assert si["peak"] == 7 * MiB
-    assert si["own"] == 7 * MiB
+    assert si["live"] == 7 * MiB
     assert so["peak"] == 15 * MiB
-    assert so["own"] == 0
+    assert so["live"] == 0
 
 
 def test_detached_scope_blocks_do_not_count_for_the_enclosing_test():
@@ -78,7 +78,7 @@ def test_detached_scope_blocks_do_not_count_for_the_enclosing_test():
     s = E.end(CPU, test)
     assert sf["peak"] == 100 * MiB
     assert st["peak"] == 1 * MiB
-    assert s["peak"] == 1 * MiB and s["own"] == 0
+    assert s["peak"] == 1 * MiB and s["live"] == 0
     assert s["peak_total"] == 101 * MiB
 
 
@@ -113,14 +113,14 @@ def test_trace_estimate_is_replaced_by_the_exact_report():
     s = E.end(CUDA0, sid)
     assert s["peak"] == 1536
     assert s["peak_total"] == 1536
-    assert s["own"] == 0 and s["allocs"] == 1 and s["frees"] == 1
+    assert s["live"] == 0 and s["allocs"] == 1 and s["frees"] == 1
 
 
 def test_free_heard_only_by_the_tracker_releases_the_block():
     sid = E.begin(CUDA0, total=0, reserved=0)
     E.inject(CUDA0, 0xD000, 4096, total=4096, reserved=MiB)
     E.inject(CUDA0, 0xD000, -1, source=E.EVENT_TRACE)  # freed on a plain thread
-    assert E.stats(CUDA0, sid)["own"] == 0
+    assert E.stats(CUDA0, sid)["live"] == 0
     assert E.totals(CUDA0)[0] == 0
     E.end(CUDA0, sid)
 
@@ -130,7 +130,7 @@ def test_reused_address_retires_a_block_whose_free_was_missed():
     E.inject(CPU, 0x7000, 100)
     E.inject(CPU, 0x7000, 200)  # the allocator handed the address out again
     s = E.end(CPU, sid)
-    assert s["own"] == 200
+    assert s["live"] == 200
     assert s["peak"] == 200
 
 
@@ -150,12 +150,12 @@ def test_many_blocks_grow_the_ledger_and_all_come_back():
     n = 50_000
     for i in range(1, n + 1):
         E.inject(CPU, i * 64, 64)
-    assert E.stats(CPU, sid)["own"] == n * 64
+    assert E.stats(CPU, sid)["live"] == n * 64
     assert len(E.blocks(CPU, sid)) == n
     for i in range(n, 0, -1):
         E.inject(CPU, i * 64, -64)
     s = E.end(CPU, sid)
-    assert s["peak"] == n * 64 and s["own"] == 0
+    assert s["peak"] == n * 64 and s["live"] == 0
 
 
 def test_record_and_replay_reproduce_the_figures():

@@ -62,7 +62,7 @@ def test_small():
         "*= memlab =*",
         "2 tests measured*",
         "on cpu:",   # one device: its column goes, as does the reserved peak (no pool on the CPU)
-        "test*own peak*total peak*budget*use*leaked",
+        "test*own peak*total peak*max*use*leaked",
         "test_inner.py::test_total*12.0 MiB*12.0 MiB*-*-*0 B",
         "test_inner.py::test_small*3.0 MiB*3.0 MiB*1.00 GiB*0%*0 B",
     ])
@@ -203,7 +203,7 @@ def test_fixture(memlab):
     assert memlab.peak == 3 * MiB and memlab.live == 3 * MiB
     assert memlab.total == 3 * MiB
     m = memlab.mark("after a")
-    assert m.label == "after a" and m.own == {"cpu": 3 * MiB}
+    assert m.label == "after a" and m.live == {"cpu": 3 * MiB}
     with memlab.limit("2MiB") as region:
         b = cpu_bytes(2 * MiB)
         del b

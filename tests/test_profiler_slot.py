@@ -12,7 +12,7 @@ pytestmark = requires_torch
 
 
 def _measure(core):
-    from pytest_memlab.measure import Measurement
+    from pytest_memlab.measuring.measurement import Measurement
 
     m = Measurement(core, ["cpu"], trace=False)
     m.begin()
@@ -81,7 +81,7 @@ def test_a_scope_closed_out_of_order_still_gives_the_slot_back(core):
     ValueError names the scope and the slot is torch's again."""
     import pytest
 
-    from pytest_memlab._core import engine
+    from pytest_memlab import _engine as engine
 
     outer, first = engine.open(0, False, -1, -1, False, 0)
     assert first
@@ -101,7 +101,7 @@ def test_a_scope_closed_out_of_order_still_gives_the_slot_back(core):
 def test_opening_a_scope_that_fails_undoes_the_install(core):
     import pytest
 
-    from pytest_memlab._core import engine
+    from pytest_memlab import _engine as engine
 
     with pytest.raises(ValueError, match="out of range"):
         engine.open(99, False, -1, -1, False, 0)

@@ -41,7 +41,7 @@ def test_unmarked():
 
 def validate(data):
     jsonschema = pytest.importorskip("jsonschema")
-    from pytest_memlab.json_report import SCHEMA
+    from pytest_memlab.reports.json_report import SCHEMA
 
     jsonschema.validate(data, json.loads(SCHEMA.read_text()))
 
@@ -50,7 +50,7 @@ def check_report(path, suite_file):
     text = path.read_text()
     data = json.loads(text)
     assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"   # stable: sorted keys
-    assert data["format"] == "pytest-memlab-report" and data["version"] == 1
+    assert data["format"] == "pytest-memlab-report" and data["version"] == 2
     tests = {t["nodeid"]: t for t in data["tests"]}
     assert list(tests) == sorted(tests)                                   # node id order
     assert list(tests) == ["test_suite.py::test_fails_itself", "test_suite.py::test_over",
@@ -62,7 +62,7 @@ def check_report(path, suite_file):
     within = tests["test_suite.py::test_within"]
     assert within["outcome"] == "passed" and within["failed_by_memlab"] == []
     cpu = within["devices"]["cpu"]
-    assert (cpu["peak"], cpu["budget"], cpu["leaked"], cpu["reserved_peak"]) == (3 * 2**20, 8 * 2**20, 0, None)
+    assert (cpu["peak"], cpu["max"], cpu["leaked"], cpu["reserved_peak"]) == (3 * 2**20, 8 * 2**20, 0, None)
     line = line_no(suite_file, "a = torch.empty(3 * MiB")
     assert cpu["top"][0] == {"file": "test_suite.py", "line": line, "function": "test_within",
                              "bytes": 3 * 2**20, "peak_total": cpu["top"][0]["peak_total"]}
@@ -71,7 +71,7 @@ def check_report(path, suite_file):
     assert over["devices"]["cpu"]["peak"] == 2 * 2**20
     itself = tests["test_suite.py::test_fails_itself"]
     assert itself["outcome"] == "failed" and itself["failed_by_memlab"] == []
-    assert itself["devices"]["cpu"]["budget"] is None
+    assert itself["devices"]["cpu"]["max"] is None
     assert data["summary"] == {"tests": 4, "measured": 4, "failed_by_memlab": 1, "warned": 0, "memlab_errors": 0}
     assert data["environment"]["torch"] and data["backend"].startswith("bridge")
     validate(data)
@@ -507,7 +507,7 @@ def test_the_terminal_table_fits_100_columns_worst_first_and_follows_q_and_v(inn
     result.stdout.fnmatch_lines([
         "26 tests measured (backend *",
         "on cpu:",
-        "test * own peak * total peak * budget * use * leaked",
+        "test * own peak * total peak * max * use * leaked",
         # worst first: the test with a budget uses 75% of it
         "test_table.py::test_near_its_budget * 1.5 MiB * 1.5 MiB * 2.0 MiB * 75% * 0 B",
         "test_table.py::*_the_table[[]25] * 25.0 MiB * 25.0 MiB * - * - * 0 B",

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from pytest_memlab import _engine as E
-from pytest_memlab.attribution import Attribution, chain_of, line_stats
-from pytest_memlab.tracing import tracing
+from pytest_memlab.engine.attribution import Attribution, chain_of, line_stats
+from pytest_memlab.engine.tracing import tracing
 
 from injected_allocator import alloc, free
 
@@ -235,7 +235,7 @@ def counting(code, *rest):
     calls[code.co_name] += 1
     return original(code, *rest)
 E._mon_start = counting   # before the tracer registers its callbacks
-from pytest_memlab.tracing import tracing
+from pytest_memlab.engine.tracing import tracing
 tracing.scope.configure(sys.argv[1])
 namespace = {}
 exec(compile("def between():\n    return 1\n", "/elsewhere/lib.py", "exec"), namespace)

@@ -28,64 +28,16 @@ import types
 from collections import deque
 from dataclasses import dataclass, field
 
-from .attribution import Frame, chain_of
-from .devices import CPU, cuda_index
+from ..devices import CPU, cuda_index
+from ..engine.attribution import chain_of
+from ..judging.findings import Leak, LeakedTensor, LeakSite
 
-POLICIES = ("fail", "warn", "off")
 # Per leaking test, for every holder search together.  Each level of the
 # search walks the collector's whole heap once, so a large process (a
 # suite's worth of modules, an in-process pytester) needs seconds for a
 # path five levels deep; only a test that leaks pays it.
 HOLDER_SECONDS = 3.0
 HOLDER_DEPTH = 12         # references between a tensor and its root
-
-
-@dataclass
-class LeakedTensor:
-    """A Python tensor living in a leaked block."""
-
-    shape: tuple
-    dtype: str
-    device: str
-    bytes: int                 # its storage's bytes in the leaked blocks
-    holders: list[str] = field(default_factory=list)   # reference paths from roots
-    graph: str = ""            # "retains an autograd graph (grad_fn=...)"
-    requires_grad: bool = False
-
-    @property
-    def name(self) -> str:
-        """The last step of its first holder's path, where there is one."""
-        return self.holders[0] if self.holders else ""
-
-    def describe(self) -> str:
-        shape = "(" + ", ".join(str(s) for s in self.shape) + ")"
-        return f"tensor {shape} {self.dtype}"
-
-
-@dataclass
-class LeakSite:
-    """Leaked blocks that one user call chain allocated."""
-
-    chain: list[Frame]
-    bytes: int = 0
-    blocks: int = 0
-    tensors: list[LeakedTensor] = field(default_factory=list)
-    unowned: int = 0           # bytes no Python tensor owns
-
-
-@dataclass
-class Leak:
-    """One device's leak after one test's teardown."""
-
-    device: str
-    bytes: int
-    allowed: int
-    sites: list[LeakSite] = field(default_factory=list)
-    note: str = ""             # e.g. why holders are incomplete
-
-    @property
-    def key(self) -> str:
-        return f"{self.device} leaks"
 
 
 def settle(core, devices) -> None:

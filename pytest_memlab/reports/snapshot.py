@@ -24,10 +24,10 @@ import pickle
 import re
 from pathlib import Path
 
-from .attribution import chain_of
-from .baseline import write_atomic
+from ..atomic_files import write_atomic
+from ..devices import CPU, cuda_index
+from ..engine.attribution import chain_of
 
-MAX_ENTRIES = 1 << 20   # per test and device; past it entries are counted, not kept
 _LARGE = 1 << 20        # the caching allocator's small/large pool boundary
 
 
@@ -46,7 +46,7 @@ def _frames(site: int, cache: dict) -> list[dict]:
 
 
 def build(nodeid: str, device: str, entries: list, dropped: int) -> dict:
-    index = 0 if device == "cpu" else int(device.split(":")[1])
+    index = 0 if device == CPU else cuda_index(device)
     trace, live, cache = [], {}, {}
     for addr, size, time_us, site in entries:
         frames = _frames(site, cache)

@@ -5,9 +5,9 @@ The properties are how figures travel: into ``--junitxml`` for CI
 dashboards, and from pytest-xdist workers to the controller, which sees only
 the reports.  Names: ``memlab.DEVICE.KEY`` (``memlab.cuda:0.peak``) for
 figures and budgets, ``memlab.DEVICE.top`` (JSON) for the heaviest lines,
-``memlab.failed`` (JSON list) for what memlab itself failed the test for,
-``memlab.warned`` (JSON list) for what it warned of (leaks under ``warn``),
-``memlab.error`` for trouble in memlab's own machinery,
+``memlab.failed_by_memlab`` (JSON list) for what memlab itself failed the
+test for, ``memlab.warned`` (JSON list) for what it warned of (leaks under
+``warn``), ``memlab.memlab_error`` for trouble in memlab's own machinery,
 ``memlab.user_failed`` when the test failed by its own doing (its figures
 then do not go into a baseline), ``memlab.DEVICE.name`` for the device as
 the test asked for it (the baseline's key: ``cuda`` for the current CUDA
@@ -40,7 +40,7 @@ class DeviceResult:
     peak: int | None = None
     peak_total: int | None = None
     reserved_peak: int | None = None
-    leaked: int | None = None
+    leaked: int | None = None        # the test's live bytes after its teardown
     max: int | None = None
     max_total: int | None = None
     max_reserved: int | None = None
@@ -49,7 +49,7 @@ class DeviceResult:
     baseline_peak: int | None = None
     baseline: str = ""               # "regressed", "improved", "same", "new" or "" (no baseline)
     # What the JSON and HTML reports show besides (filled only when one is asked for):
-    detail: dict | None = None       # timeline, marks, peak_at, peak_line, leak (see plugin._detail)
+    detail: dict | None = None       # timeline, marks, peak_at, peak_line, leak (see TestRun._detail)
 
     def baseline_entry(self) -> dict:
         """The figures a baseline file keeps for this device."""
@@ -90,16 +90,16 @@ class TestResult:
     nodeid: str
     outcome: str = ""
     devices: dict[str, DeviceResult] = field(default_factory=dict)
-    failed: list[str] = field(default_factory=list)   # what memlab failed it for ("cpu max")
-    warned: list[str] = field(default_factory=list)   # what memlab warned of ("cpu leaks")
-    error: str = ""                                    # memlab's own trouble
+    failed_by_memlab: list[str] = field(default_factory=list)   # finding keys ("cpu max")
+    warned: list[str] = field(default_factory=list)             # finding keys ("cpu leaks")
+    memlab_error: str = ""                                       # memlab's own trouble
     user_failed: bool = False                          # failed by its own doing, not by memlab
 
     @property
     def usable(self) -> bool:
         """Whether its figures may go into a baseline: the test ran and
         passed, or only memlab failed it (a budget, a leak, the baseline)."""
-        return not self.user_failed and not self.error and self.outcome in ("passed", "failed", "error")
+        return not self.user_failed and not self.memlab_error and self.outcome in ("passed", "failed", "error")
 
 
 _KEYS: dict[str, tuple] = {}   # device -> its property names, made once
@@ -134,12 +134,12 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
             add((top, _top_json(d.top)))
         if d.detail is not None:
             add((detail, json.dumps(d.detail, separators=(",", ":"))))
-    if result.failed:
-        add((PREFIX + "failed", json.dumps(result.failed)))
+    if result.failed_by_memlab:
+        add((PREFIX + "failed_by_memlab", json.dumps(result.failed_by_memlab)))
     if result.warned:
         add((PREFIX + "warned", json.dumps(result.warned)))
-    if result.error:
-        add((PREFIX + "error", result.error))
+    if result.memlab_error:
+        add((PREFIX + "memlab_error", result.memlab_error))
     if result.user_failed:
         add((PREFIX + "user_failed", "true"))
     return props
@@ -164,11 +164,11 @@ def decode(nodeid: str, props) -> TestResult | None:
             continue
         result = result or TestResult(nodeid)
         rest = name[len(PREFIX):]
-        if rest in ("failed", "warned"):
+        if rest in ("failed_by_memlab", "warned"):
             setattr(result, rest, list(json.loads(value)))
             continue
-        if rest == "error":
-            result.error = str(value)
+        if rest == "memlab_error":
+            result.memlab_error = str(value)
             continue
         if rest == "user_failed":
             result.user_failed = str(value) == "true"

@@ -28,13 +28,13 @@ class BridgeBuildError(RuntimeError):
 def source_dir() -> Path:
     """Where bridge.cpp lives: inside the installed package, or csrc/ of a
     source checkout (editable installs, running from the tree)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "csrc", here.parent / "csrc"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "csrc", package.parent / "csrc"):
         if all((candidate / name).is_file() for name in BRIDGE_SOURCES):
             return candidate
     raise BridgeBuildError(
-        f"the bridge sources {BRIDGE_SOURCES} are in neither {here / 'csrc'} "
-        f"nor {here.parent / 'csrc'}"
+        f"the bridge sources {BRIDGE_SOURCES} are in neither {package / 'csrc'} "
+        f"nor {package.parent / 'csrc'}"
     )
 
 

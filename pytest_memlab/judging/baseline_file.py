@@ -1,9 +1,9 @@
 """The baseline file: what each test's memory was when the file was last
 written, per environment, and how a run compares with it.
 
-The format is DESIGN.md's, so that it diffs well in review: JSON, sorted
+The format is the README's ("Baselines"), so that it diffs well in review: JSON, sorted
 keys, two-space indent, a trailing newline.  A file with one environment
-reads exactly as DESIGN.md shows it (``environment`` and ``tests`` at the
+reads exactly as the README shows it (``environment`` and ``tests`` at the
 top, the environment naming itself in ``name``); a file that serves several
 lanes (a CPU lane and a GPU lane) keeps each under ``environments``, by name.
 
@@ -17,16 +17,15 @@ naming the file and what is wrong; nothing writes over such a file.
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..atomic_files import lock, write_atomic
 
 FORMAT = "pytest-memlab-baseline"
 VERSION = 1
 FIGURES = ("peak", "peak_total", "reserved_peak", "leaked")
-DEFAULT_TOLERANCE = "2%,64KiB"
 
 
 class BaselineError(Exception):
@@ -157,49 +156,6 @@ def _environment(bad, name: str, data: dict) -> Environment:
     return Environment(info, tests)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """A temporary file in the same folder, fsync, rename over ``path``
-    (then fsync the folder): an interruption leaves either file whole."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        except FileNotFoundError:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dirfd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dirfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dirfd)
-
-
-def lock(path: Path):
-    """The lock that serialises updates of ``path``: ``.NAME.lock`` beside
-    it (hidden), held while a process re-reads, merges and writes the file."""
-    from filelock import FileLock
-
-    path = Path(path)
-    return FileLock(str(path.parent / f".{path.name}.lock"), timeout=300)
-
-
 def update(path: Path, env_name: str, info: dict, written: dict, stale: set | None = None) -> tuple[Baseline, dict]:
     """Merges this run's entries into the file under its lock and writes it.
 
@@ -302,35 +258,6 @@ def environment_differences(old: dict, new: dict) -> list[str]:
     if "cuda" in old and "cuda" in new and old["cuda"] != new["cuda"]:
         out.append(f"CUDA {old['cuda'] or 'none'} -> {new['cuda'] or 'none'}")
     return out
-
-
-# -- comparing ------------------------------------------------------------------
-@dataclass(frozen=True)
-class Change:
-    """One device's own peak against its baseline entry."""
-
-    device: str
-    old: int
-    new: int
-    allowed: int
-    tolerance: str
-    path: str
-
-    @property
-    def kind(self) -> str:
-        if self.new - self.old > self.allowed:
-            return "regressed"
-        if self.old - self.new > self.allowed:
-            return "improved"
-        return "same"
-
-    @property
-    def key(self) -> str:
-        return f"{self.device} baseline" if self.kind == "regressed" else f"{self.device} improvement"
-
-
-def compare(device: str, old: int, new: int, tolerance, path) -> Change:
-    return Change(device, old, new, tolerance.allowed(old), tolerance.text, str(path))
 
 
 def stale_entries(baseline: Baseline, env: str, collected: set[str], rootdir: Path) -> list[str]:

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ._core import engine
+from .. import _engine as engine
 from .tracing import tracing
 
 

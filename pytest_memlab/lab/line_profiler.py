@@ -23,12 +23,13 @@ import inspect
 import sys
 from dataclasses import dataclass
 
-from ._core import BRIDGE, core
-from .attribution import line_stats
-from .devices import CPU, DeviceError, cuda_available, parse_device, resolve, slot_of
-from .measure import make_meter
-from .tracing import tracing
-from .sizes import format_size
+from ..devices import CPU, DeviceError, cuda_available, parse_device, resolve
+from ..engine.attribution import line_stats
+from ..engine.backend import BRIDGE, core
+from ..engine.meters import make_meter
+from ..engine.slots import slot_of
+from ..engine.tracing import tracing
+from ..sizes import format_size
 
 DEFAULT_COLUMNS = ("active_bytes.all.peak", "reserved_bytes.all.peak")
 
@@ -152,9 +153,7 @@ class LineProfiler:
         if not self._traced:
             self.off_reason = tracing.off_reason
         elif first:
-            from ._core import engine
-
-            engine.tracer_reset_lines()
+            tracing.reset_lines()
 
     def disable(self) -> None:
         if self._depth > 0:

@@ -1,5 +1,6 @@
-"""Measuring one device over one interval (a meter), and one test over its
-devices (a Measurement, which is also what the ``memlab`` fixture returns).
+"""A test's measurement over its devices: what the ``memlab`` fixture
+returns, with its marks, phases, regions (``memlab.limit``) and the leak
+protocol's first look.
 """
 
 from __future__ import annotations
@@ -7,179 +8,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ._core import BRIDGE, COUNTERS, Core, engine
-from .attribution import Attribution, LineStat, line_stats
-from .devices import cuda_index, resolve, slot_of
-from .sizes import parse_size
-from .tracing import WINDOWED, tracing
+from ..devices import resolve
+from ..engine.attribution import line_stats
+from ..engine.backend import BRIDGE, Core
+from ..engine.meters import DeviceFigures, EngineMeter, make_meter
+from ..engine.tracing import WINDOWED, tracing
+from ..sizes import parse_size
 
 
 class MemoryBudgetExceeded(AssertionError):
     """A ``memlab.limit`` region used more memory than its budget."""
 
 
-@dataclass(slots=True)
-class DeviceFigures:
-    """What one device showed over one scope.  Sizes in bytes."""
-
-    device: str
-    measured: bool
-    reason: str = ""                 # why not measured, or how measured
-    backend: str = ""
-    peak: int | None = None          # own peak
-    peak_total: int | None = None    # device total at its highest
-    total_at_peak: int | None = None
-    reserved_peak: int | None = None
-    start_total: int | None = None
-    live: int | None = None          # own bytes still allocated
-    allocs: int | None = None
-    frees: int | None = None
-    estimated: bool = False          # own figures estimated from counters
-    seq_at_peak: int | None = None   # device event number of the own peak
-    timeline: tuple | None = None    # (seq0, last, [(seq, own_min, own_max, total_min, total_max)])
-    alloc_log: tuple | None = None   # ([(addr, size, time_us, site)], dropped): --memlab-snapshot
-    attribution: Attribution | None = None   # where the own peak came from
-    lines: list[LineStat] = field(default_factory=list)
-
-
-class EngineMeter:
-    """One scope of the C engine on one device."""
-
-    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False,
-                 log: bool = False):
-        self.core = core
-        self.device = device
-        self.slot = slot_of(device)
-        self.detached = detached
-        self.timeline = timeline    # the device's timeline follows this scope
-        self.log = log              # and its allocation log (--memlab-snapshot)
-        self.scope_id: int | None = None
-
-    def begin(self) -> None:
-        bridge = self.core.bridge
-        total = reserved = -1
-        if self.slot != 0:
-            torch_cuda = self.core.torch.cuda
-            # Never initialise CUDA for a test that may not use it: until it
-            # is initialised it holds nothing, and the reporter hears its
-            # first allocations with their totals all the same.
-            if torch_cuda.is_initialized():
-                total, reserved = bridge.cuda_totals(torch_cuda, self.slot - 1)
-                if bridge.tracker is None:
-                    bridge.attach_tracker()
-            else:
-                total = reserved = 0
-        log_max = 0
-        if self.log:
-            from .snapshot import MAX_ENTRIES
-
-            log_max = MAX_ENTRIES
-        self.scope_id = bridge.open_scope(self.slot, self.detached, total, reserved, self.timeline, log_max)
-
-    def _figures(self, s: dict) -> DeviceFigures:
-        return DeviceFigures(
-            device=self.device, measured=True, backend=BRIDGE,
-            peak=s["peak"], peak_total=s["peak_total"], total_at_peak=s["total_at_peak"],
-            reserved_peak=s["reserved_peak"], start_total=s["start_total"], live=s["own"],
-            allocs=s["allocs"], frees=s["frees"], seq_at_peak=s["seq_at_peak"],
-        )
-
-    def stats(self, sites: bool = False) -> DeviceFigures:
-        """Figures so far; with sites, where the peak came from too."""
-        raw = engine.stats(self.slot, self.scope_id, sites=sites)
-        figures = self._figures(raw)
-        if sites:
-            figures.attribution = Attribution(raw)
-        return figures
-
-    def total_now(self) -> int:
-        return engine.totals(self.slot)[0]
-
-    def seq(self) -> int:
-        """The device's event number now: where a mark falls on the timeline."""
-        return engine.seq(self.slot)
-
-    def own_live(self) -> int:
-        """Bytes of blocks allocated in this scope and still allocated."""
-        return engine.own(self.slot, self.scope_id)
-
-    def live_blocks(self) -> list:
-        """(addr, size, scope, site) of this scope's blocks still allocated."""
-        return engine.blocks(self.slot, self.scope_id)
-
-    def end(self, park: bool = False) -> DeviceFigures:
-        s = self.core.bridge.close_scope(self.slot, self.scope_id, park)
-        figures = self._figures(s)
-        figures.attribution = Attribution(s)
-        return figures
-
-
-class CounterMeter:
-    """The fallback: torch.cuda's counters.  The total peak is exact; the own
-    peak is estimated as the growth of the total over its starting value (a
-    lower bound: what was freed meanwhile of older tensors hides some)."""
-
-    _open: dict[str, list["CounterMeter"]] = {}
-
-    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False,
-                 log: bool = False):
-        self.core = core
-        self.device = device
-        self.index = cuda_index(device)
-        self.seen_max = 0
-        self.seen_max_reserved = 0
-
-    def _fold(self) -> None:
-        cuda = self.core.torch.cuda
-        for meter in self._open.get(self.device, []):
-            meter.seen_max = max(meter.seen_max, cuda.max_memory_allocated(self.index))
-            meter.seen_max_reserved = max(meter.seen_max_reserved, cuda.max_memory_reserved(self.index))
-
-    def begin(self) -> None:
-        cuda = self.core.torch.cuda
-        cuda.init()
-        self._fold()  # enclosing meters keep what they saw before the reset
-        cuda.reset_peak_memory_stats(self.index)
-        self.start = cuda.memory_allocated(self.index)
-        self.seen_max = self.start
-        self.seen_max_reserved = cuda.memory_reserved(self.index)
-        self._open.setdefault(self.device, []).append(self)
-
-    def stats(self, sites: bool = False) -> DeviceFigures:
-        cuda = self.core.torch.cuda
-        peak_total = max(self.seen_max, cuda.max_memory_allocated(self.index))
-        return DeviceFigures(
-            device=self.device, measured=True, backend=COUNTERS, estimated=True,
-            reason="own peak estimated from torch.cuda counters",
-            peak=max(0, peak_total - self.start), peak_total=peak_total,
-            reserved_peak=max(self.seen_max_reserved, cuda.max_memory_reserved(self.index)),
-            start_total=self.start, live=max(0, cuda.memory_allocated(self.index) - self.start),
-        )
-
-    def total_now(self) -> int:
-        return self.core.torch.cuda.memory_allocated(self.index)
-
-    def end(self, park: bool = False) -> DeviceFigures:
-        figures = self.stats()
-        stack = self._open.get(self.device, [])
-        if self in stack:
-            stack.remove(self)
-        for meter in stack:  # enclosing meters saw this one's peak too
-            meter.seen_max = max(meter.seen_max, figures.peak_total)
-            meter.seen_max_reserved = max(meter.seen_max_reserved, figures.reserved_peak)
-        return figures
-
-
-def make_meter(core: Core, device: str, detached: bool = False, timeline: bool = False, log: bool = False):
-    cls = EngineMeter if core.name == BRIDGE else CounterMeter
-    return cls(core, device, detached, timeline, log)
-
 
 @dataclass
 class Mark:
     label: str
     time: float
-    own: dict = field(default_factory=dict)    # device -> own bytes then
+    live: dict = field(default_factory=dict)   # device -> the test's live bytes then
     total: dict = field(default_factory=dict)  # device -> device total then
     seq: dict = field(default_factory=dict)    # device -> its event number then (the timeline's x)
     kind: str = "mark"                         # "mark" (memlab.mark) or "phase" (marked by itself)
@@ -236,7 +82,7 @@ class Measurement:
             raise
         self.trace = self.trace and bool(self.meters)
         if self.trace:
-            engine.tracer_reset_lines()
+            tracing.reset_lines()
             if not WINDOWED:
                 self._trace_on()
 
@@ -281,9 +127,9 @@ class Measurement:
             if self._traced_once:
                 fig.lines = line_stats(meter.slot)
             if self.detail and meter.timeline:
-                fig.timeline = engine.timeline(meter.slot, self.DETAIL_POINTS)
+                fig.timeline = meter.timeline_points(self.DETAIL_POINTS)
             if meter.log:
-                fig.alloc_log = engine.alloc_log_take(meter.slot)
+                fig.alloc_log = meter.take_alloc_log()
         for device, reason in self.unmeasured.items():
             figures[device] = DeviceFigures(device, False, reason=reason)
         self.final = {d: figures[d] for d in self.devices}
@@ -299,10 +145,10 @@ class Measurement:
         collection, cuBLAS workspaces, a synchronisation) happens only when
         some device is over at first sight."""
         over = [d for d, limit in allowed.items()
-                if isinstance(self.meters.get(d), EngineMeter) and self.meters[d].own_live() > limit]
+                if isinstance(self.meters.get(d), EngineMeter) and self.meters[d].live() > limit]
         if not over:
             return {}
-        from . import leaks
+        from . import leak_search as leaks
 
         started = time.perf_counter()
         leaks.settle(self.core, over)
@@ -310,7 +156,7 @@ class Measurement:
         found = {}
         for device in over:
             meter = self.meters[device]
-            if meter.own_live() <= allowed[device]:
+            if meter.live() <= allowed[device]:
                 continue
             leak = leaks.find(self.core, device, meter.live_blocks(), allowed[device], top, started,
                               excused, look_past)
@@ -363,7 +209,7 @@ class Measurement:
         mark = Mark(str(label), time.perf_counter() - self._t0)
         for device, meter in self.meters.items():
             s = meter.stats()
-            mark.own[device] = s.live
+            mark.live[device] = s.live
             mark.total[device] = meter.total_now()
             if isinstance(meter, EngineMeter):
                 mark.seq[device] = meter.seq()
@@ -378,7 +224,7 @@ class Measurement:
             return []
         by_slot = {meter.slot: device for device, meter in self.meters.items() if isinstance(meter, EngineMeter)}
         marks, open_ = [], {}
-        for kind, slot, seq, label in engine.tracer_phases()[0]:
+        for kind, slot, seq, label in tracing.phases():
             device = by_slot.get(slot)
             if device is None:
                 continue
@@ -422,7 +268,7 @@ class Measurement:
         """The storage report now (pytorch_memlab's MemReporter report, with
         memory by kind), and the blocks this test allocated that no Python
         tensor reaches (autograd's saved tensors, C++ caches), by site."""
-        from .storage import MemReporter, unreachable_blocks
+        from ..lab.tensor_report import MemReporter, unreachable_blocks
 
         def add_blocks(report):
             for dev, meter in self.meters.items():
@@ -441,16 +287,6 @@ class Measurement:
             reason = self.unmeasured.get(device, f"{device} is not measured in this test")
             raise RuntimeError(f"memlab.limit({max!r}) cannot measure {device}: {reason}")
         return Limit(self.core, device, budget)
-
-
-def unpark() -> None:
-    """Takes back what measured tests left parked for the next one (the
-    tracer's events, torch's wrapped profiler hooks): before a test that
-    memlab does not measure, and at the end of the session."""
-    from ._core import unpark as unpark_bridge
-
-    tracing.unpark()
-    unpark_bridge()
 
 
 class TraceWindow:
@@ -487,8 +323,8 @@ class Limit:
         __tracebackhide__ = True
         self.figures = self._meter.end()
         if exc_type is None and self.figures.peak is not None and self.figures.peak > self.budget:
-            from .text import budget_failure
-            from .verdict import Exceeded
+            from ..judging.findings import Exceeded
+            from ..judging.messages import budget_failure
 
             raise MemoryBudgetExceeded(budget_failure(
                 Exceeded(self.device, "peak", self.figures.peak, "limit", self.budget), self.figures, top=5))

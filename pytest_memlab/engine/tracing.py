@@ -24,16 +24,16 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from ._core import engine
+from .. import _engine as engine
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WINDOWED = sys.version_info < (3, 12)
 
-# Phase functions: the scope decision returns 1 + the kind for them
-# (csrc/phases.h), and the tracer marks their outermost call on the test's
-# timeline.  No hook is registered with torch: its state stays as it is.
-PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP = 1, 2, 3
-PHASE_NAMES = {PHASE_FORWARD: "forward", PHASE_BACKWARD: "backward", PHASE_STEP: "step"}
+# Phase functions: the scope decision returns 1 + the kind for them (the
+# kinds are csrc/phases.h's, exported by the engine), and the tracer marks
+# their outermost call on the test's timeline.  No hook is registered with
+# torch: its state stays as it is.
+PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP = engine.PHASE_FORWARD, engine.PHASE_BACKWARD, engine.PHASE_STEP
 
 
 def _phase_codes() -> dict:
@@ -201,6 +201,17 @@ class Tracing:
             engine.tracer_stop(park=park)
         elif paths or codes:
             engine.tracer_redecide()
+
+    @staticmethod
+    def reset_lines() -> None:
+        """Starts the per-line figures afresh (a new measured test)."""
+        engine.tracer_reset_lines()
+
+    @staticmethod
+    def phases() -> list:
+        """(kind, slot, event number, label) of each phase start (kind > 0)
+        and end (-kind) heard since the lines were reset."""
+        return engine.tracer_phases()[0]
 
     def unpark(self) -> None:
         """Turns off the events a parked tracer left on (before a test that

@@ -1,109 +1,9 @@
-"""Everything memlab says to a person, in one place: failure diagnoses and
-the terminal summary.  Facts come from :mod:`verdict` and :mod:`results`."""
+"""The terminal summary: the table of measured tests, worst first, the
+heaviest tests' lines, and what the baseline comparison or update found."""
 
 from __future__ import annotations
 
-from .sizes import format_size
-
-
-def describe_attribution(attribution, peak: int, top: int, context: str = "") -> list[str]:
-    """Where the own peak was reached (with the phase and mark it fell
-    after: context) and what was live then, by site."""
-    at_peak = attribution.at_peak
-    peak_chain = attribution.peak_chain
-    if not at_peak and not peak_chain:
-        return [f"  peak reached {context}"] if context else []
-    lines = []
-    if peak_chain:
-        where = f"{context}, in" if context else "in"
-        lines.append(f"  peak reached {where} {peak_chain[0]}")
-        lines.extend(f"                <- {caller}" for caller in peak_chain[1:])
-    elif context:
-        lines.append(f"  peak reached {context}")
-    lines.append("  live at the peak, by the line that allocated it (user call chain):")
-    for entry in at_peak[:top]:
-        share = f"{100 * entry.bytes / peak:.0f}%" if peak else ""
-        size = format_size(entry.bytes)
-        if entry.chain:
-            lines.append(f"    {size:>10} {share:>4}  {entry.chain[0]}")
-            pad = " " * 21
-            lines.extend(f"    {pad}<- {caller}" for caller in entry.chain[1:])
-        else:
-            lines.append(f"    {size:>10} {share:>4}  (outside user code)")
-    rest = at_peak[top:]
-    if rest:
-        lines.append(f"    ... and {len(rest)} more sites, {format_size(sum(e.bytes for e in rest))}")
-    if not attribution.complete:
-        lines.append("  (site figures incomplete: memlab ran out of memory for its tables)")
-    return lines
-
-
-def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
-    """A budget failure, shortest first: the figure, the budget and the
-    excess; then where the own peak was reached and what was live then."""
-    e = exceeded
-    lines = [f"{e.device} {e.what} {format_size(e.value)} exceeds {e.budget_name} {format_size(e.budget)} "
-             f"by {format_size(e.value - e.budget)}"]
-    if figures.attribution is not None and figures.peak:
-        lines += describe_attribution(figures.attribution, figures.peak, top, context)
-    lines.append(f"  exactly {e.value} B against {e.budget} B")
-    if figures.estimated:
-        lines.append(f"  ({figures.reason})")
-    return "\n".join(lines)
-
-
-def _chain_lines(chain, indent: str) -> list[str]:
-    if not chain:
-        return [f"{indent}(allocated outside user code)"]
-    return [f"{indent}allocated at {chain[0]}"] + [f"{indent}          <- {c}" for c in chain[1:]]
-
-
-def leak_report(leak, top: int = 5) -> str:
-    """A leak, shortest first: the bytes and the allowance; then per
-    allocating site the tensors living there and who holds each."""
-    lines = [f"{leak.device} leaked {format_size(leak.bytes)} after teardown (allowed {format_size(leak.allowed)})"]
-    for site in leak.sites[:top]:
-        n = len(site.tensors)
-        owned = site.bytes - site.unowned
-        head = (f"  {_plural(n, 'tensor')}, {format_size(owned)}" if n else
-                f"  {format_size(site.bytes)} in {_plural(site.blocks, 'block')}")
-        lines.append(head)
-        lines += _chain_lines(site.chain, "    ")
-        for t in site.tensors[:top]:
-            lines.append(f"    {t.describe()}  {format_size(t.bytes)}")
-            if t.holders:
-                lines += [f"      held by: {h}" for h in t.holders]
-            elif t.requires_grad:
-                lines.append("      held by: autograd or C++ only (no path from a module, class, closure or frame); "
-                             "it requires grad, so a retained autograd graph may hold it")
-            else:
-                lines.append("      held by: no path from a module, class, closure or frame was found")
-            if t.graph:
-                lines.append(f"      {t.graph}")
-        if n > top:
-            lines.append(f"    ... and {n - top} more tensors")
-        if site.unowned and n:
-            lines.append(f"    and {format_size(site.unowned)} that no Python tensor owns")
-        if site.unowned:
-            lines.append("    (bytes no Python tensor owns are held by autograd, such as a retained graph's "
-                         "saved tensors, or by C++" + (", or were freed on a plain thread, where memlab "
-                                                       "does not hear CPU frees)" if leak.device == "cpu" else ")"))
-    rest = leak.sites[top:]
-    if rest:
-        lines.append(f"  ... and {len(rest)} more sites, {format_size(sum(s.bytes for s in rest))}")
-    if leak.note:
-        lines.append(f"  ({leak.note})")
-    lines.append(f"  exactly {leak.bytes} B against {leak.allowed} B allowed")
-    return "\n".join(lines)
-
-
-def growth_report(device: str, kept: list[int]) -> str:
-    """What each repetition of --memlab-leak-repeat kept."""
-    steps = ", ".join("+" + format_size(k) for k in kept)
-    return (f"{device} kept {format_size(sum(kept) // len(kept))} more after every repetition "
-            f"({_plural(len(kept), 'repetition')} of the test's call: {steps}): something the test "
-            f"reaches grows each run (a cache, a list, a fixture's state)\n"
-            f"  exactly {sum(kept)} B over {len(kept)} repetitions")
+from ..sizes import format_size, plural
 
 
 def baseline_change(d) -> str:
@@ -115,10 +15,6 @@ def baseline_change(d) -> str:
     if d.baseline_peak == 0:
         return "+" + format_size(d.peak) if d.peak else "0%"
     return f"{100 * (d.peak - d.baseline_peak) / d.baseline_peak:+.1f}%"
-
-
-def _plural(n: int, one: str, many: str | None = None) -> str:
-    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 WIDTH = 100   # the terminal table fits this many columns
@@ -137,7 +33,7 @@ def _middle_cut(text: str, width: int) -> str:
 def _worst_first(rd) -> tuple:
     r, d = rd
     use = d.peak / d.max if d.max and d.peak is not None else -1.0
-    return (not r.failed, -use, -(d.peak or 0), r.nodeid)
+    return (not r.failed_by_memlab, -use, -(d.peak or 0), r.nodeid)
 
 
 def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity: int = 0,
@@ -153,7 +49,7 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     measured = [(r, d) for r, d in rows if d.measured]
     tests_measured = sum(1 for r in results.values() if any(d.measured for d in r.devices.values()))
     not_measured = len(results) - tests_measured
-    head = f"{_plural(tests_measured, 'test')} measured"
+    head = f"{plural(tests_measured, 'test')} measured"
     if not_measured:
         head += f", {not_measured} not measured (below)"
     if backend:
@@ -166,8 +62,8 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
         for d in r.devices.values():
             if not d.measured:
                 by_reason.setdefault(f"{d.device}: {d.reason}", []).append(r.nodeid)
-        if r.error:
-            by_reason.setdefault(f"pytest-memlab error: {r.error}", []).append(r.nodeid)
+        if r.memlab_error:
+            by_reason.setdefault(f"pytest-memlab error: {r.memlab_error}", []).append(r.nodeid)
     for reason, nodeids in by_reason.items():
         if len(nodeids) <= 3:
             out += [(f"not measured: {nodeid} {reason}", False) for nodeid in nodeids]
@@ -175,18 +71,18 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
             out.append((f"not measured: {len(nodeids)} tests ({nodeids[0]}, ...) {reason}", False))
     warned = [r for r in results.values() if r.warned]
     if warned:
-        out.append((f"{_plural(len(warned), 'test')} left tensors allocated after teardown "
+        out.append((f"{plural(len(warned), 'test')} left tensors allocated after teardown "
                     f"({', '.join(sorted({k for r in warned for k in r.warned}))}); see the warnings above", False))
-    failed = [r for r in results.values() if r.failed]
+    failed = [r for r in results.values() if r.failed_by_memlab]
     if failed:
-        out.append((f"{_plural(len(failed), 'test')} failed by memlab ({', '.join(sorted({k for r in failed for k in r.failed}))}); "
+        out.append((f"{plural(len(failed), 'test')} failed by memlab ({', '.join(sorted({k for r in failed for k in r.failed_by_memlab}))}); "
                     "see above", False))
     if not table or verbosity <= -2 or not measured:
         return out
     measured.sort(key=_worst_first)
     limit = None if verbosity > 0 else (10 if verbosity < 0 else 20)
     shown = measured[:limit]
-    header = ("test", "device", "own peak", "total peak", "reserved", "budget", "use", "leaked")
+    header = ("test", "device", "own peak", "total peak", "reserved", "max", "use", "leaked")
     compared = any(d.baseline for _, d in shown)
     if compared:
         header += ("baseline",)
@@ -233,32 +129,6 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     return out
 
 
-def _change_words(c) -> str:
-    verb = "grew" if c.new > c.old else "shrank"
-    pct = f"{100 * (c.new - c.old) / c.old:+.1f}%" if c.old else f"{format_size(c.new - c.old)} over 0 B"
-    return f"peak {verb} from {format_size(c.old)} to {format_size(c.new)} ({pct})"
-
-
-def baseline_failure(change, figures, top: int = 5, context: str = "") -> str:
-    """A regression (or, with --memlab-fail-on-improvement, an improvement)
-    against the baseline: old and new figure, the change, the tolerance
-    and the file; for a regression, where the peak came from."""
-    c = change
-    if c.kind == "regressed":
-        lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
-        if figures.attribution is not None and figures.peak:
-            lines += describe_attribution(figures.attribution, figures.peak, top, context)
-        lines.append(f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "
-                     f"{c.allowed} B more")
-    else:
-        lines = [f"{c.device} {_change_words(c)}, beyond the tolerance {c.tolerance} (baseline {c.path})",
-                 "  the baseline is no longer tight (--memlab-fail-on-improvement): write it again with "
-                 "--memlab-update-baseline",
-                 f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "
-                 f"{c.allowed} B less"]
-    return "\n".join(lines)
-
-
 def _listing(label: str, names: list[str], limit: int = 10) -> list[tuple[str, bool]]:
     if not names:
         return []
@@ -282,15 +152,15 @@ def baseline_summary(path, env: str, results: dict, differences: list[str], stal
                     "(the comparisons ran all the same)", False))
     if written is not None:
         changes = changes or {}
-        parts = [f"{_plural(len(written), 'test')} written ({len(changes.get('new', []))} new, "
+        parts = [f"{plural(len(written), 'test')} written ({len(changes.get('new', []))} new, "
                  f"{len(changes.get('changed', []))} changed)"]
         if changes.get("pruned"):
-            parts.append(f"{_plural(len(changes['pruned']), 'stale entry', 'stale entries')} pruned")
+            parts.append(f"{plural(len(changes['pruned']), 'stale entry', 'stale entries')} pruned")
         out.append((f"baseline {path} [{env}] updated: {', '.join(parts)}", False))
         out += _listing("not written, because they failed by their own doing or did not run", sorted(skipped or []))
         out += _listing("pruned", changes.get("pruned", []))
         if stale and not changes.get("pruned"):
-            out.append((f"  {_plural(len(stale), 'stale entry', 'stale entries')} kept "
+            out.append((f"  {plural(len(stale), 'stale entry', 'stale entries')} kept "
                         "(--memlab-prune-baseline drops them)", False))
             out += _listing("stale", stale)
         return out
@@ -304,7 +174,7 @@ def baseline_summary(path, env: str, results: dict, differences: list[str], stal
         if by.get(kind):
             line += f", {len(by[kind])} {words}"
     if stale:
-        line += f", {_plural(len(stale), 'stale entry', 'stale entries')}"
+        line += f", {plural(len(stale), 'stale entry', 'stale entries')}"
     out.append((line, bool(by.get("regressed"))))
     out += _listing("improved (write the baseline again to keep it tight)",
                     [f"{n} [{d.device}] {format_size(d.baseline_peak)} -> {format_size(d.peak)}"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .baseline import write_atomic
+from ..atomic_files import write_atomic
 
 FORMAT = "pytest-memlab-report"
-VERSION = 1
+VERSION = 2   # 2: a device's own peak budget is "max", as in the marker (1 said "budget")
 SCHEMA = Path(__file__).with_name("report.schema.json")
 
 
@@ -27,7 +27,7 @@ def _device(d) -> dict:
         "peak_total": d.peak_total,
         "reserved_peak": d.reserved_peak,
         "leaked": d.leaked,
-        "budget": d.max,
+        "max": d.max,
         "max_total": d.max_total,
         "max_reserved": d.max_reserved,
         "baseline_peak": d.baseline_peak,
@@ -45,9 +45,9 @@ def build(results: dict, environment: dict, backend: str) -> dict:
         tests.append({
             "nodeid": nodeid,
             "outcome": r.outcome or "unknown",
-            "failed_by_memlab": sorted(r.failed),
+            "failed_by_memlab": sorted(r.failed_by_memlab),
             "warned": sorted(r.warned),
-            "memlab_error": r.error or None,
+            "memlab_error": r.memlab_error or None,
             "devices": {device: _device(d) for device, d in sorted(r.devices.items())},
         })
     measured = [t for t in tests if any(d["measured"] for d in t["devices"].values())]

@@ -16,7 +16,7 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 
-from .sizes import format_size
+from ..sizes import format_size
 
 KINDS = ("parameters", "gradients", "optimizer state", "buffers", "other tensors")
 UNREACHABLE = "not reachable from Python"
@@ -99,7 +99,7 @@ def unreachable_blocks(report: StorageReport, device: str, blocks) -> None:
     the engine's ledger) that no row's storage lies in, by site."""
     import bisect
 
-    from .attribution import chain_of
+    from ..engine.attribution import chain_of
 
     d = report.devices.get(device)
     if d is None:

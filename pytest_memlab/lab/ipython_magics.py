@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .lab import DEFAULT_COLUMNS, LineProfiler
+from .line_profiler import DEFAULT_COLUMNS, LineProfiler
 
 
 @magics_class

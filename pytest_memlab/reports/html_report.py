@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from . import json_report
-from .baseline import write_atomic
+from ..atomic_files import write_atomic
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -54,7 +54,7 @@ _SCRIPT = r"""
     while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
     return sign + (u === 0 ? v.toFixed(0) : v.toFixed(1)) + ' ' + units[u];
   }
-  function use(r) { return r.d.budget && r.d.peak !== null ? r.d.peak / r.d.budget : null; }
+  function use(r) { return r.d.max && r.d.peak !== null ? r.d.peak / r.d.max : null; }
   function change(r) {
     if (r.d.baseline === 'new') return 'new';
     return r.d.baseline_peak && r.d.peak !== null ? (r.d.peak - r.d.baseline_peak) / r.d.baseline_peak : null;
@@ -191,7 +191,7 @@ _SCRIPT = r"""
     const p = document.createElement('p');
     p.textContent = 'own peak ' + size(d.peak) + ', total peak ' + size(d.peak_total) +
       (d.reserved_peak !== null ? ', reserved peak ' + size(d.reserved_peak) : '') +
-      (d.budget ? ', budget ' + size(d.budget) : '') + ', leaked ' + size(d.leaked) +
+      (d.max ? ', max ' + size(d.max) : '') + ', leaked ' + size(d.leaked) +
       (t.failed_by_memlab.length ? '; failed by memlab: ' + t.failed_by_memlab.join(', ') : '');
     box.appendChild(p);
     if (d.detail) {

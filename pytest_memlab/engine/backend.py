@@ -1,0 +1,114 @@
+"""Chooses how torch feeds the engine: the backend.
+
+Why a choice: the engine hears allocations only through the torch bridge
+(:mod:`.bridge`), which must be compiled against the torch the process
+imports (its c10 headers and C++ ABI).  When it cannot be built or loaded
+(no compiler, an unusual torch), CUDA budgets still work from torch.cuda's
+own counters, without the engine: that is the ``counters`` backend, chosen
+with one warning that says why.  ``MEMLAB_CORE=bridge`` makes that an error
+(this project's CI sets it); ``MEMLAB_CORE=counters`` chooses it on purpose.
+``MEMLAB_BRIDGE=PATH`` loads a bridge library built elsewhere.
+
+Nothing here imports torch at module import: a suite that never measures
+never pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from .bridge import Bridge, MemlabCoreError
+from .bridge_build import BridgeBuildError, build, cache_dir, library_name, torch_facts
+from .tracing import tracing
+
+BRIDGE = "bridge"
+COUNTERS = "counters"
+UNAVAILABLE = "unavailable"
+
+__all__ = ["BRIDGE", "COUNTERS", "UNAVAILABLE", "Core", "MemlabCoreError", "MemlabWarning", "core", "unpark"]
+
+
+class MemlabWarning(UserWarning):
+    """pytest-memlab measures less than it was asked to; the text says why."""
+
+
+class Core:
+    """The chosen backend: ``bridge``, ``counters`` or ``unavailable``."""
+
+    def __init__(self, name: str, reason: str = "", bridge: Bridge | None = None, torch=None):
+        self.name = name
+        self.reason = reason
+        self.bridge = bridge
+        self.torch = torch
+        self.cuda_available: bool | None = None   # devices.cuda_available's answer, once asked
+
+    def __repr__(self) -> str:
+        return f"Core({self.name!r}, {self.reason!r})"
+
+
+def _find_or_build_bridge(torch) -> Path:
+    explicit = os.environ.get("MEMLAB_BRIDGE")
+    if explicit:  # a bridge built elsewhere for this torch
+        if not os.path.isfile(explicit):
+            raise BridgeBuildError(f"MEMLAB_BRIDGE={explicit!r} is not a file")
+        return Path(explicit)
+    facts = torch_facts(torch)
+    prebuilt = Path(__file__).resolve().parent.parent / "_bridge" / library_name(facts)
+    if prebuilt.is_file():
+        return prebuilt
+    return build(torch, cache_dir() / "bridge")
+
+
+_core: Core | None = None
+
+
+def unpark() -> None:
+    """Takes back what measured tests left parked for the next one (the
+    tracer's events, torch's wrapped profiler hooks): before a test that
+    memlab does not measure, and at the end of the session."""
+    tracing.unpark()
+    if _core is not None and _core.bridge is not None:
+        _core.bridge.unpark()
+
+
+def core() -> Core:
+    """Chooses the backend on first use (importing torch then) and keeps it."""
+    global _core
+    if _core is None:
+        _core = _choose()
+    return _core
+
+
+def _choose() -> Core:
+    mode = os.environ.get("MEMLAB_CORE", "auto").strip().lower() or "auto"
+    if mode not in ("auto", BRIDGE, COUNTERS):
+        raise MemlabCoreError(f"MEMLAB_CORE={mode!r} is not one of auto, bridge, counters")
+    try:
+        import torch
+    except Exception as exc:  # torch missing or broken: nothing to measure
+        reason = f"torch is not importable ({type(exc).__name__}: {exc})"
+        if mode == BRIDGE:
+            raise MemlabCoreError(f"MEMLAB_CORE=bridge, but {reason}") from exc
+        return Core(UNAVAILABLE, reason)
+    if mode == COUNTERS:
+        return Core(COUNTERS, "chosen by MEMLAB_CORE=counters", torch=torch)
+    try:
+        bridge = Bridge(_find_or_build_bridge(torch))
+        bridge.install()  # proves that it loads and links; undone at once
+        bridge.uninstall()
+    except (BridgeBuildError, OSError, MemlabCoreError) as exc:
+        reason = f"the torch bridge is unavailable: {exc}"
+        if mode == BRIDGE:
+            raise MemlabCoreError(f"MEMLAB_CORE=bridge, but {reason}") from exc
+        warnings.warn(
+            MemlabWarning(
+                f"pytest-memlab: {reason}. CUDA budgets fall back to torch.cuda counters "
+                "(own peak estimated as growth over the starting total, no CPU measurement)."
+            ),
+            stacklevel=2,
+        )
+        return Core(COUNTERS, reason, torch=torch)
+    return Core(BRIDGE, f"torch bridge {bridge.path.name}", bridge=bridge, torch=torch)
+

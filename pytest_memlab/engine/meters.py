@@ -1,0 +1,185 @@
+"""Meters: one device measured over one interval.  An EngineMeter is a
+scope of the C engine (exact, with line attribution); a CounterMeter reads
+torch.cuda's counters where the bridge is unavailable.  Both give
+DeviceFigures, whose field names are the engine's (see the README's figure
+model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import _engine as engine
+from ..devices import cuda_index
+from .attribution import Attribution, LineStat
+from .backend import BRIDGE, COUNTERS, Core
+from .slots import slot_of
+
+# Allocation log entries kept per test and device (--memlab-snapshot); past
+# it entries are counted, not kept.
+ALLOC_LOG_MAX = 1 << 20
+
+
+@dataclass(slots=True)
+class DeviceFigures:
+    """What one device showed over one scope.  Sizes in bytes."""
+
+    device: str
+    measured: bool
+    reason: str = ""                 # why not measured, or how measured
+    backend: str = ""
+    peak: int | None = None          # own peak
+    peak_total: int | None = None    # device total at its highest
+    total_at_peak: int | None = None
+    reserved_peak: int | None = None
+    start_total: int | None = None
+    live: int | None = None          # own bytes still allocated
+    allocs: int | None = None
+    frees: int | None = None
+    estimated: bool = False          # own figures estimated from counters
+    seq_at_peak: int | None = None   # device event number of the own peak
+    timeline: tuple | None = None    # (seq0, last, [(seq, own_min, own_max, total_min, total_max)])
+    alloc_log: tuple | None = None   # ([(addr, size, time_us, site)], dropped): --memlab-snapshot
+    attribution: Attribution | None = None   # where the own peak came from
+    lines: list[LineStat] = field(default_factory=list)
+
+
+class EngineMeter:
+    """One scope of the C engine on one device."""
+
+    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False,
+                 log: bool = False):
+        self.core = core
+        self.device = device
+        self.slot = slot_of(device)
+        self.detached = detached
+        self.timeline = timeline    # the device's timeline follows this scope
+        self.log = log              # and its allocation log (--memlab-snapshot)
+        self.scope_id: int | None = None
+
+    def begin(self) -> None:
+        bridge = self.core.bridge
+        total = reserved = -1
+        if self.slot != 0:
+            torch_cuda = self.core.torch.cuda
+            # Never initialise CUDA for a test that may not use it: until it
+            # is initialised it holds nothing, and the reporter hears its
+            # first allocations with their totals all the same.
+            if torch_cuda.is_initialized():
+                total, reserved = bridge.cuda_totals(torch_cuda, self.slot - 1)
+                if bridge.tracker is None:
+                    bridge.attach_tracker()
+            else:
+                total = reserved = 0
+        log_max = ALLOC_LOG_MAX if self.log else 0
+        self.scope_id = bridge.open_scope(self.slot, self.detached, total, reserved, self.timeline, log_max)
+
+    def _figures(self, s: dict) -> DeviceFigures:
+        return DeviceFigures(
+            device=self.device, measured=True, backend=BRIDGE,
+            peak=s["peak"], peak_total=s["peak_total"], total_at_peak=s["total_at_peak"],
+            reserved_peak=s["reserved_peak"], start_total=s["start_total"], live=s["live"],
+            allocs=s["allocs"], frees=s["frees"], seq_at_peak=s["seq_at_peak"],
+        )
+
+    def stats(self, sites: bool = False) -> DeviceFigures:
+        """Figures so far; with sites, where the peak came from too."""
+        raw = engine.stats(self.slot, self.scope_id, sites=sites)
+        figures = self._figures(raw)
+        if sites:
+            figures.attribution = Attribution(raw)
+        return figures
+
+    def total_now(self) -> int:
+        return engine.totals(self.slot)[0]
+
+    def seq(self) -> int:
+        """The device's event number now: where a mark falls on the timeline."""
+        return engine.seq(self.slot)
+
+    def live(self) -> int:
+        """Bytes of blocks allocated in this scope and still allocated."""
+        return engine.live(self.slot, self.scope_id)
+
+    def live_blocks(self) -> list:
+        """(addr, size, scope, site) of this scope's blocks still allocated."""
+        return engine.blocks(self.slot, self.scope_id)
+
+    def timeline_points(self, points: int) -> tuple:
+        """The device's latest timeline (this scope's, once it closed),
+        merged into at most points points: (seq0, last, [(seq, own_min,
+        own_max, total_min, total_max)])."""
+        return engine.timeline(self.slot, points)
+
+    def take_alloc_log(self) -> tuple | None:
+        """The allocation log of this scope (--memlab-snapshot), once."""
+        return engine.alloc_log_take(self.slot)
+
+    def end(self, park: bool = False) -> DeviceFigures:
+        s = self.core.bridge.close_scope(self.slot, self.scope_id, park)
+        figures = self._figures(s)
+        figures.attribution = Attribution(s)
+        return figures
+
+
+class CounterMeter:
+    """The fallback: torch.cuda's counters.  The total peak is exact; the own
+    peak is estimated as the growth of the total over its starting value (a
+    lower bound: what was freed meanwhile of older tensors hides some)."""
+
+    _open: dict[str, list["CounterMeter"]] = {}
+
+    def __init__(self, core: Core, device: str, detached: bool = False, timeline: bool = False,
+                 log: bool = False):
+        self.core = core
+        self.device = device
+        self.index = cuda_index(device)
+        self.seen_max = 0
+        self.seen_max_reserved = 0
+
+    def _fold(self) -> None:
+        cuda = self.core.torch.cuda
+        for meter in self._open.get(self.device, []):
+            meter.seen_max = max(meter.seen_max, cuda.max_memory_allocated(self.index))
+            meter.seen_max_reserved = max(meter.seen_max_reserved, cuda.max_memory_reserved(self.index))
+
+    def begin(self) -> None:
+        cuda = self.core.torch.cuda
+        cuda.init()
+        self._fold()  # enclosing meters keep what they saw before the reset
+        cuda.reset_peak_memory_stats(self.index)
+        self.start = cuda.memory_allocated(self.index)
+        self.seen_max = self.start
+        self.seen_max_reserved = cuda.memory_reserved(self.index)
+        self._open.setdefault(self.device, []).append(self)
+
+    def stats(self, sites: bool = False) -> DeviceFigures:
+        cuda = self.core.torch.cuda
+        peak_total = max(self.seen_max, cuda.max_memory_allocated(self.index))
+        return DeviceFigures(
+            device=self.device, measured=True, backend=COUNTERS, estimated=True,
+            reason="own peak estimated from torch.cuda counters",
+            peak=max(0, peak_total - self.start), peak_total=peak_total,
+            reserved_peak=max(self.seen_max_reserved, cuda.max_memory_reserved(self.index)),
+            start_total=self.start, live=max(0, cuda.memory_allocated(self.index) - self.start),
+        )
+
+    def total_now(self) -> int:
+        return self.core.torch.cuda.memory_allocated(self.index)
+
+    def end(self, park: bool = False) -> DeviceFigures:
+        figures = self.stats()
+        stack = self._open.get(self.device, [])
+        if self in stack:
+            stack.remove(self)
+        for meter in stack:  # enclosing meters saw this one's peak too
+            meter.seen_max = max(meter.seen_max, figures.peak_total)
+            meter.seen_max_reserved = max(meter.seen_max_reserved, figures.reserved_peak)
+        return figures
+
+
+def make_meter(core: Core, device: str, detached: bool = False, timeline: bool = False, log: bool = False):
+    cls = EngineMeter if core.name == BRIDGE else CounterMeter
+    return cls(core, device, detached, timeline, log)
+
+

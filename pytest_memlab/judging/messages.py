@@ -1,0 +1,135 @@
+"""The words for a verdict's findings (:mod:`.findings`): failure and
+warning texts, diagnosis first.  The terminal summary is
+:mod:`pytest_memlab.reports.terminal`'s."""
+
+from __future__ import annotations
+
+from ..sizes import format_size, plural
+
+
+def describe_attribution(attribution, peak: int, top: int, context: str = "") -> list[str]:
+    """Where the own peak was reached (with the phase and mark it fell
+    after: context) and what was live then, by site."""
+    at_peak = attribution.at_peak
+    peak_chain = attribution.peak_chain
+    if not at_peak and not peak_chain:
+        return [f"  peak reached {context}"] if context else []
+    lines = []
+    if peak_chain:
+        where = f"{context}, in" if context else "in"
+        lines.append(f"  peak reached {where} {peak_chain[0]}")
+        lines.extend(f"                <- {caller}" for caller in peak_chain[1:])
+    elif context:
+        lines.append(f"  peak reached {context}")
+    lines.append("  live at the peak, by the line that allocated it (user call chain):")
+    for entry in at_peak[:top]:
+        share = f"{100 * entry.bytes / peak:.0f}%" if peak else ""
+        size = format_size(entry.bytes)
+        if entry.chain:
+            lines.append(f"    {size:>10} {share:>4}  {entry.chain[0]}")
+            pad = " " * 21
+            lines.extend(f"    {pad}<- {caller}" for caller in entry.chain[1:])
+        else:
+            lines.append(f"    {size:>10} {share:>4}  (outside user code)")
+    rest = at_peak[top:]
+    if rest:
+        lines.append(f"    ... and {len(rest)} more sites, {format_size(sum(e.bytes for e in rest))}")
+    if not attribution.complete:
+        lines.append("  (site figures incomplete: memlab ran out of memory for its tables)")
+    return lines
+
+
+def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
+    """A budget failure, shortest first: the figure, the budget and the
+    excess; then where the own peak was reached and what was live then."""
+    e = exceeded
+    lines = [f"{e.device} {e.what} {format_size(e.value)} exceeds {e.budget_name} {format_size(e.budget)} "
+             f"by {format_size(e.value - e.budget)}"]
+    if figures.attribution is not None and figures.peak:
+        lines += describe_attribution(figures.attribution, figures.peak, top, context)
+    lines.append(f"  exactly {e.value} B against {e.budget} B")
+    if figures.estimated:
+        lines.append(f"  ({figures.reason})")
+    return "\n".join(lines)
+
+
+def _chain_lines(chain, indent: str) -> list[str]:
+    if not chain:
+        return [f"{indent}(allocated outside user code)"]
+    return [f"{indent}allocated at {chain[0]}"] + [f"{indent}          <- {c}" for c in chain[1:]]
+
+
+def leak_report(leak, top: int = 5) -> str:
+    """A leak, shortest first: the bytes and the allowance; then per
+    allocating site the tensors living there and who holds each."""
+    lines = [f"{leak.device} leaked {format_size(leak.bytes)} after teardown (allowed {format_size(leak.allowed)})"]
+    for site in leak.sites[:top]:
+        n = len(site.tensors)
+        owned = site.bytes - site.unowned
+        head = (f"  {plural(n, 'tensor')}, {format_size(owned)}" if n else
+                f"  {format_size(site.bytes)} in {plural(site.blocks, 'block')}")
+        lines.append(head)
+        lines += _chain_lines(site.chain, "    ")
+        for t in site.tensors[:top]:
+            lines.append(f"    {t.describe()}  {format_size(t.bytes)}")
+            if t.holders:
+                lines += [f"      held by: {h}" for h in t.holders]
+            elif t.requires_grad:
+                lines.append("      held by: autograd or C++ only (no path from a module, class, closure or frame); "
+                             "it requires grad, so a retained autograd graph may hold it")
+            else:
+                lines.append("      held by: no path from a module, class, closure or frame was found")
+            if t.graph:
+                lines.append(f"      {t.graph}")
+        if n > top:
+            lines.append(f"    ... and {n - top} more tensors")
+        if site.unowned and n:
+            lines.append(f"    and {format_size(site.unowned)} that no Python tensor owns")
+        if site.unowned:
+            lines.append("    (bytes no Python tensor owns are held by autograd, such as a retained graph's "
+                         "saved tensors, or by C++" + (", or were freed on a plain thread, where memlab "
+                                                       "does not hear CPU frees)" if leak.device == "cpu" else ")"))
+    rest = leak.sites[top:]
+    if rest:
+        lines.append(f"  ... and {len(rest)} more sites, {format_size(sum(s.bytes for s in rest))}")
+    if leak.note:
+        lines.append(f"  ({leak.note})")
+    lines.append(f"  exactly {leak.bytes} B against {leak.allowed} B allowed")
+    return "\n".join(lines)
+
+
+def growth_report(device: str, kept: list[int]) -> str:
+    """What each repetition of --memlab-leak-repeat kept."""
+    steps = ", ".join("+" + format_size(k) for k in kept)
+    return (f"{device} kept {format_size(sum(kept) // len(kept))} more after every repetition "
+            f"({plural(len(kept), 'repetition')} of the test's call: {steps}): something the test "
+            f"reaches grows each run (a cache, a list, a fixture's state)\n"
+            f"  exactly {sum(kept)} B over {len(kept)} repetitions")
+
+
+def _change_words(c) -> str:
+    verb = "grew" if c.new > c.old else "shrank"
+    pct = f"{100 * (c.new - c.old) / c.old:+.1f}%" if c.old else f"{format_size(c.new - c.old)} over 0 B"
+    return f"peak {verb} from {format_size(c.old)} to {format_size(c.new)} ({pct})"
+
+
+def baseline_failure(change, figures, top: int = 5, context: str = "") -> str:
+    """A regression (or, with --memlab-fail-on-improvement, an improvement)
+    against the baseline: old and new figure, the change, the tolerance
+    and the file; for a regression, where the peak came from."""
+    c = change
+    if c.kind == "regressed":
+        lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
+        if figures.attribution is not None and figures.peak:
+            lines += describe_attribution(figures.attribution, figures.peak, top, context)
+        lines.append(f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "
+                     f"{c.allowed} B more")
+    else:
+        lines = [f"{c.device} {_change_words(c)}, beyond the tolerance {c.tolerance} (baseline {c.path})",
+                 "  the baseline is no longer tight (--memlab-fail-on-improvement): write it again with "
+                 "--memlab-update-baseline",
+                 f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "
+                 f"{c.allowed} B less"]
+    return "\n".join(lines)
+
+

@@ -1,0 +1,185 @@
+"""What fails a test, in one place: its budgets, the leak policy and a
+growing leak, and the comparison with the baseline.
+
+Judged when pytest makes the call's report (on the figures of setup and
+call, so that an exceeded budget fails the call as a failed assertion
+would) and again at teardown's (on the final figures: what only teardown
+pushed over a budget, the leak check, the baseline).  Each finding
+(:mod:`.findings`) is recorded once under its key; a test memlab fails
+keeps its own failure first when it had one.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from .findings import Change, Exceeded, Growth
+from .messages import baseline_failure, budget_failure, growth_report, leak_report
+
+# --memlab-leaks and a marker's leaks= decide what a leak does.
+LEAK_POLICIES = ("fail", "warn", "off")
+DEFAULT_TOLERANCE = "2%,64KiB"
+
+# (what the figure is called, DeviceFigures field, budget name: the
+# marker's keyword, MemorySpec's and DeviceResult's field)
+BUDGETS = (
+    ("peak", "peak", "max"),
+    ("total peak", "peak_total", "max_total"),
+    ("reserved peak", "reserved_peak", "max_reserved"),
+)
+
+
+class MemlabLeakWarning(UserWarning):
+    """A measured test left tensors allocated after its teardown (the
+    ``warn`` leak policy); the text names them and their holders."""
+
+
+def exceeded(device: str, figures, spec) -> list[Exceeded]:
+    """The budgets of spec that figures exceed (a budget holds at <=)."""
+    out = []
+    if not figures.measured:
+        return out
+    for what, field, name in BUDGETS:
+        budget = getattr(spec, name, None)
+        value = getattr(figures, field)
+        if budget is not None and value is not None and value > budget:
+            out.append(Exceeded(device, what, value, name, budget))
+    return out
+
+
+def has_budget(spec) -> bool:
+    return any(getattr(spec, name, None) is not None for _, _, name in BUDGETS)
+
+
+def compare(device: str, old: int, new: int, tolerance, path) -> Change:
+    """The own peak new against the baseline's old, under tolerance."""
+    return Change(device, old, new, tolerance.allowed(old), tolerance.text, str(path))
+
+
+class Verdicts:
+    """Judges test runs (:class:`pytest_memlab.measuring.run.TestRun`)
+    under the session's options and baseline."""
+
+    def __init__(self, options, session):
+        self.options = options
+        self.session = session    # its baseline and environment name
+
+    # -- leaks ------------------------------------------------------------------
+    def leak_allowances(self, run) -> dict[str, int]:
+        """device -> bytes allowed after teardown, for the devices whose
+        leaks are checked; fills run.leak_policy."""
+        allowed = {}
+        unmeasured = run.measurement.unmeasured
+        for spec, device in run.devices:
+            if device in unmeasured:
+                continue
+            if spec.marked:
+                if spec.leaks is None:
+                    continue
+                policy, limit = "fail", spec.leaks
+            else:
+                policy, limit = self.options.leaks, 0
+                if policy == "off":
+                    continue
+            allowed[device] = limit
+            run.leak_policy[device] = policy
+        return allowed
+
+    def _leak_findings(self, run, failures: list[str]) -> None:
+        for device, kept in run.growth.items():
+            if not kept or min(kept) <= 0:
+                continue   # only what every repetition kept more of is a growing leak
+            growth = Growth(device, tuple(kept))
+            text = growth_report(device, kept)
+            if run.leak_policy.get(device) == "fail" and not run.call_failed:
+                run.failed[growth.key] = growth
+                failures.append(text)
+            else:
+                run.warned.append(growth.key)
+                warnings.warn(MemlabLeakWarning(text), stacklevel=1)
+        for device, leak in run.leaks.items():
+            text = leak_report(leak, self.options.top)
+            if run.leak_policy.get(device) != "fail":
+                run.warned.append(leak.key)
+                warnings.warn(MemlabLeakWarning(text), stacklevel=1)
+            elif not run.call_failed:
+                run.failed[leak.key] = leak
+                failures.append(text)
+            else:   # the test keeps its own failure; the leak is told beside it
+                run.failed[leak.key] = leak
+                warnings.warn(MemlabLeakWarning(f"{text}\n(the test had failed already)"), stacklevel=1)
+
+    # -- the verdict ------------------------------------------------------------
+    def judge(self, run, report, final: bool) -> None:
+        """Judges run at report (the call's, or with final teardown's):
+        a failure fails a passing report, or is told beside the test's own
+        failure; notes (an unmeasured device) go into its sections."""
+        measurement = run.measurement
+        if measurement is None or not (run.judged or run.leaks or run.growth):
+            return   # an unmarked test, no baseline, nothing left behind: the common case
+        failures, notes = [], []
+        for spec, device in run.devices:
+            if device in measurement.unmeasured:
+                if final or not spec.marked:
+                    continue
+                reason = measurement.unmeasured[device]
+                if spec.kind == "cuda" and self.options.require_cuda:
+                    failures.append(f"{device} not measured: {reason} (--memlab-require-cuda)")
+                else:
+                    notes.append(f"{device} not measured: {reason}")
+                continue
+            if not has_budget(spec):
+                continue
+            figures = run.figures[device] if final else measurement.figures(device)
+            new = [e for e in exceeded(device, figures, spec) if e.key not in run.failed]
+            if new and not final:
+                figures = measurement.figures(device, sites=True)  # where the peak came from
+            for e in new:
+                run.failed[e.key] = e
+                context = measurement.context(device, figures.seq_at_peak) if e.what == "peak" else ""
+                failures.append(budget_failure(e, figures, self.options.top, context))
+        failures += self._compare(run, final)
+        if final:
+            self._leak_findings(run, failures)
+        if failures and measurement.trace_note:
+            failures.append(f"(line attribution: {measurement.trace_note})")
+        if notes:
+            report.sections.append(("memlab", "\n".join(notes)))
+        if not failures:
+            return
+        text = "\n\n".join(failures)
+        if report.passed and not hasattr(report, "wasxfail"):
+            report.outcome = "failed"
+            report.longrepr = text
+        else:
+            report.sections.append(("memlab", text))
+
+    def _compare(self, run, final: bool) -> list[str]:
+        """The own peak against the baseline: a regression fails the test
+        (at the call, or at teardown when teardown grew it); an
+        improvement beyond the tolerance fails it at teardown only with
+        --memlab-fail-on-improvement.  Nothing fails while updating."""
+        baseline = self.session.baseline
+        if baseline is None:
+            return []
+        options, measurement, failures = self.options, run.measurement, []
+        for spec, device in run.devices:
+            if device in measurement.unmeasured:
+                continue
+            entry = baseline.entry(self.session.env, run.nodeid, run.names.get(device, device))
+            if entry is None or entry.get("peak") is None:
+                continue
+            figures = run.figures[device] if final else measurement.figures(device)
+            if not figures.measured or figures.peak is None:
+                continue
+            change = run.changes[device] = compare(
+                device, entry["peak"], figures.peak, spec.tolerance or options.tolerance, options.baseline)
+            if options.update_baseline or change.key in run.failed:
+                continue
+            if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):
+                if not final:
+                    figures = measurement.figures(device, sites=True)  # where the peak came from
+                run.failed[change.key] = change
+                failures.append(baseline_failure(change, figures, options.top,
+                                                 measurement.context(device, figures.seq_at_peak)))
+        return failures

@@ -1,0 +1,203 @@
+"""One run of one test's protocol while memlab measures it: the only user
+of :class:`~.measurement.Measurement` in the plugin.
+
+A run opens at the start of setup and ends after teardown (function-scoped
+fixtures count): hook wrappers drive it, so that plugins that run the
+protocol themselves (pytest-rerunfailures, and whoever else) keep doing so,
+each run of the protocol one measurement.  Broader-scoped fixtures set up
+during the run are measured apart (detached scopes): what they keep alive
+is not the test's.  After teardown the leak protocol runs; the final
+figures become the test's result.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+from ..devices import default_device
+from ..engine.backend import BRIDGE, MemlabCoreError
+from ..engine.meters import make_meter
+from ..judging.messages import leak_report
+from ..reports.results import DeviceResult, TestResult
+from .measurement import Measurement
+
+
+@dataclass(slots=True)
+class TestRun:
+    """One run of one test's protocol, while memlab measures it."""
+
+    __test__ = False   # not a pytest test class
+
+    specs: list
+    nodeid: str = ""
+    measurement: Measurement | None = None
+    devices: list = field(default_factory=list)   # (spec, concrete device)
+    fixtures: int = 0                     # fixtures set up while measuring
+    figures: dict | None = None           # final, after teardown
+    failed: dict = field(default_factory=dict)   # finding key -> finding (judging.findings)
+    leaks: dict = field(default_factory=dict)    # device -> Leak (after teardown)
+    leak_policy: dict = field(default_factory=dict)  # device -> "fail" or "warn"
+    warned: list = field(default_factory=list)   # finding keys
+    call_failed: bool = False
+    user_failed: bool = False            # setup, call or teardown failed by the test's own doing
+    names: dict = field(default_factory=dict)     # concrete device -> name as asked ("cuda", "cpu")
+    changes: dict = field(default_factory=dict)   # device -> findings.Change
+    repeating: bool = False
+    judged: bool = False                  # anything to judge before teardown: budgets, notes, a baseline
+    growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
+    error: str = ""                       # memlab's own trouble
+
+    # -- opening -------------------------------------------------------------------
+    def begin(self, core, options, session) -> str | None:
+        """Opens the measurement (core: the backend's chooser; session
+        hears the backend first); returns a failure to raise when a backend
+        that MEMLAB_CORE required is missing (memlab's other trouble is
+        kept in error: the test then runs unmeasured)."""
+        try:
+            c = core()
+            session.saw_backend(c)
+            requested = [default_device(c) if spec.kind == "auto" else spec.device for spec in self.specs]
+            measurement = Measurement(c, list(dict.fromkeys(requested)), park=True, timeline=True,
+                                      log=options.snapshot is not None)
+            measurement.detail = options.detail
+            resolved = measurement.resolved
+            self.devices = [(spec, resolved[r]) for spec, r in zip(self.specs, requested)]
+            self.names = {resolved[r]: r for r in requested}
+            self.judged = session.baseline is not None or any(spec.marked for spec in self.specs)
+            measurement.begin()
+        except MemlabCoreError as exc:  # MEMLAB_CORE=bridge asked for this
+            self.error = str(exc)
+            return f"pytest-memlab: {exc}"
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            return None
+        self.measurement = measurement
+        return None
+
+    # -- user code -----------------------------------------------------------------
+    def fixture_begin(self, scope: str, the_tests: bool) -> list:
+        """A fixture's setup starts (user code: the caller opens a trace
+        window); one broader than the function is measured apart, in
+        detached scopes, returned for fixture_end.  the_tests: requested by
+        the test itself (its finalizer runs at the test's teardown)."""
+        measurement = self.measurement
+        self.fixtures += the_tests
+        if scope == "function" or measurement.core.name != BRIDGE:
+            return []
+        started = []
+        try:
+            for device in measurement.meters:
+                meter = make_meter(measurement.core, device, detached=True)
+                meter.begin()
+                started.append(meter)
+        except BaseException:
+            self.fixture_end(started)
+            raise
+        return started
+
+    @staticmethod
+    def fixture_end(started: list) -> None:
+        for meter in reversed(started):
+            meter.end()
+
+    def repeat(self, item, allowed: dict[str, int], times: int) -> None:
+        """--memlab-leak-repeat: the call again, times times, in the same
+        measurement; what each repetition keeps (after a collection) is
+        what grows per run.  allowed: the devices whose leaks are checked."""
+        measurement = self.measurement
+        checked = [d for d in allowed if hasattr(measurement.meters.get(d), "live")]
+        if not checked:
+            return
+        gc.collect()
+        before = {d: measurement.meters[d].live() for d in checked}
+        self.growth = {d: [] for d in checked}
+        self.repeating = True
+        try:
+            for _ in range(times):
+                with measurement.window():
+                    item.ihook.pytest_pyfunc_call(pyfuncitem=item)
+                gc.collect()
+                for d in checked:
+                    now = measurement.meters[d].live()
+                    self.growth[d].append(now - before[d])
+                    before[d] = now
+        finally:
+            self.repeating = False
+
+    # -- closing -------------------------------------------------------------------
+    def end(self, item, allowed: dict[str, int], top: int) -> None:
+        """After teardown: the leak check for the allowed devices (device ->
+        bytes allowed), then the final figures.  memlab's trouble is kept
+        in error, never raised into the test."""
+        measurement = self.measurement
+        try:
+            if allowed:
+                self.leaks = measurement.check_leaks(allowed, top, item)
+        except Exception as exc:
+            self.error = f"the leak check failed: {type(exc).__name__}: {exc}"
+        try:
+            self.figures = measurement.end()
+        except Exception as exc:
+            self.figures = measurement.final or {}
+            self.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
+
+    def write_snapshots(self, folder) -> None:
+        """--memlab-snapshot: this run's allocation log per device, once."""
+        from ..reports import snapshot
+
+        for device, figures in (self.figures or {}).items():
+            if figures.alloc_log is None:
+                continue
+            entries, dropped = figures.alloc_log
+            figures.alloc_log = None   # written once; the item lives on
+            try:
+                snapshot.write(folder, self.nodeid, device, entries, dropped)
+            except Exception as exc:   # memlab's trouble, never the test's
+                self.error = self.error or f"the snapshot was not written: {type(exc).__name__}: {exc}"
+
+    # -- the result ----------------------------------------------------------------
+    def result(self, top: int, detail: bool, with_baseline: bool) -> TestResult:
+        """The test's result (its figures as the reports read them)."""
+        result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
+                            memlab_error=self.error, user_failed=self.user_failed)
+        if self.measurement is None:
+            return result
+        for spec, device in self.devices:
+            figures = (self.figures or {}).get(device)
+            if figures is None:
+                continue
+            d = result.devices[device] = DeviceResult.from_figures(figures, spec, top)
+            d.name = self.names.get(device, device)
+            change = self.changes.get(device)
+            if change is not None:
+                d.baseline_peak, d.baseline = change.old, change.kind
+            elif with_baseline and figures.measured:
+                d.baseline = "new"
+            if detail and figures.measured:
+                d.detail = self._detail(device, figures, top)
+        return result
+
+    def _detail(self, device: str, figures, top: int) -> dict:
+        """What the JSON and HTML reports show of one device beyond the
+        figures: the timeline (x: allocator events since the test began;
+        each point the min and max of own and total bytes over its span),
+        the marks and phases on it, where the own peak fell and the line
+        that reached it, and the leak report."""
+        seq0, last, points = figures.timeline or (0, 0, [])
+        marks = [{"label": m.label, "kind": m.kind, "at": m.seq[device] - seq0}
+                 for m in self.measurement.timeline_marks(device)]
+        peak_at = peak_line = None
+        if figures.seq_at_peak is not None and figures.peak:
+            peak_at = figures.seq_at_peak - seq0
+            chain = figures.attribution.peak_chain if figures.attribution is not None else []
+            peak_line = str(chain[0]) if chain else None
+        leak = self.leaks.get(device)
+        return {
+            "events": last - seq0,
+            "timeline": [[seq - seq0, lo, hi, tlo, thi] for seq, lo, hi, tlo, thi in points],
+            "marks": marks,
+            "peak_at": peak_at,
+            "peak_line": peak_line,
+            "leak": leak_report(leak, top) if leak is not None else None,
+        }
