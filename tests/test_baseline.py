@@ -88,7 +88,7 @@ def test_write_then_compare_unchanged_passes(inner, dev):
     result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]] updated: 5 tests written (5 new, 0 changed)"])
     text = (inner.path / "bl.json").read_text()
     data = json.loads(text)
-    # DESIGN.md's layout: sorted keys, two-space indent, trailing newline
+    # the README's layout: sorted keys, two-space indent, trailing newline
     assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
     assert data["format"] == "pytest-memlab-baseline" and data["version"] == 1
     assert data["environment"]["name"] == LANE

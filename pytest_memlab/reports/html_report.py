@@ -65,7 +65,7 @@ _SCRIPT = r"""
     ['own peak', function (r) { return r.d.peak; }, size],
     ['total peak', function (r) { return r.d.peak_total; }, size],
     ['reserved peak', function (r) { return r.d.reserved_peak; }, size],
-    ['budget use', use, function (v) { return v === null ? '' : (100 * v).toFixed(0) + '%'; }],
+    ['max use', use, function (v) { return v === null ? '' : (100 * v).toFixed(0) + '%'; }],
     ['leaked', function (r) { return r.d.leaked; }, size],
     ['vs baseline', change, function (v) {
       return v === null ? '' : typeof v === 'string' ? v : (v >= 0 ? '+' : '') + (100 * v).toFixed(1) + '%';
@@ -245,7 +245,7 @@ def render(results: dict, environment: dict, backend: str) -> str:
     env = ", ".join(f"{k} {v}" for k, v in sorted(environment.items()) if v)
     s = report["summary"]
     headers = "".join(f"<th>{h}</th>" for h in ("test", "outcome", "own peak", "total peak", "reserved peak",
-                                                  "budget use", "leaked", "vs baseline"))
+                                                  "max use", "leaked", "vs baseline"))
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<title>pytest-memlab report</title>"
