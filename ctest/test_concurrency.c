@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include <cmocka.h>
 
@@ -21,6 +22,9 @@
 #define CUDA0 1
 #define THREADS 4
 #define MIN_EVENTS 1000
+/* valgrind runs one thread at a time: bounded, so that workers cannot
+ * starve the measuring thread there for long. */
+#define MAX_EVENTS 40000
 
 typedef struct World {
     Engine *engine;
@@ -92,11 +96,12 @@ allocate_and_free(void *arg)
     Worker *k = arg;
     World *w = k->world;
     while (!atomic_load(&w->go))
-        ;
+        sched_yield();
     /* Addresses of its own, so that threads never free each other's. */
     uintptr_t base = ((uintptr_t)k->index + 1) << 24;
     int64_t total = 0;
-    for (long i = 0; i < MIN_EVENTS || !atomic_load(&w->stop); i++) {
+    for (long i = 0; i < MAX_EVENTS && (i < MIN_EVENTS || !atomic_load(&w->stop));
+         i++) {
         uintptr_t addr = base + (uintptr_t)(i % 64) * 4096;
         int64_t size = 512 + (i % 7) * 64;
         total += size;
@@ -138,7 +143,7 @@ test_events_against_scopes_and_a_moving_stack(void **state)
     assert_int_equal(Engine_begin(w->engine, CUDA0, 0, 0, 0, &outer[CUDA0]), 0);
     start_workers(w, workers, threads);
     Block blocks[64];
-    for (int round = 0; round < 400; round++) {
+    for (int round = 0; round < 200; round++) {
         int slot = round % 2 ? CUDA0 : CPU;
         uint32_t id, inner;
         assert_int_equal(Engine_begin(w->engine, slot, 0, -1, -1, &id), 0);
@@ -208,7 +213,7 @@ raise_marks(void *arg)
 {
     Raiser *r = arg;
     while (!atomic_load(r->go))
-        ;
+        sched_yield();
     for (int64_t i = 0; i < 5000; i++)
         (void)ShadowStack_attribute(r->stack, r->lines, CUDA0, 1,
                                     r->base + i, r->base + 2 * i);
