@@ -7,6 +7,7 @@ import argparse
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .judging.verdicts import DEFAULT_TOLERANCE, LEAK_POLICIES
@@ -230,20 +231,22 @@ class Options:
     gpus_per_worker: int | None = None
     snapshot: Path | None = None
 
-    @property
+    # Asked in every measured test: computed once (cached_property writes
+    # the instance's __dict__, which a frozen dataclass allows).
+    @cached_property
     def json_paths(self) -> list[str]:
         return [part.split(":", 1)[1] for part in self.report or () if part.startswith("json:")]
 
-    @property
+    @cached_property
     def html_paths(self) -> list[str]:
         return [part.split(":", 1)[1] for part in self.report or () if part.startswith("html:")]
 
-    @property
+    @cached_property
     def detail(self) -> bool:
         """Whether a report shows timelines and marks (fetched per test only then)."""
         return any(part.startswith(("json:", "html:")) for part in self.report or ())
 
-    @property
+    @cached_property
     def terminal_table(self) -> bool:
         return "term" in (self.report or ())
 

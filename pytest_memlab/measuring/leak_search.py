@@ -26,7 +26,6 @@ import sys
 import time
 import types
 from collections import deque
-from dataclasses import dataclass, field
 
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
