@@ -387,6 +387,19 @@ Engine_alloc_log_take(Engine *self, int slot, uint32_t *n, uint64_t *dropped)
     return entries;
 }
 
+uint32_t
+Engine_block_scope(Engine *self, int slot, uintptr_t addr)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return 0;
+    Spinlock_acquire(&d->lock);
+    const Block *b = Ledger_find(&d->ledger, addr);
+    uint32_t scope = b != NULL ? b->scope : 0;
+    Spinlock_release(&d->lock);
+    return scope;
+}
+
 uint64_t
 Engine_seq(Engine *self, int slot)
 {

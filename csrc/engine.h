@@ -139,6 +139,11 @@ int Engine_alloc_log_start(Engine *self, int slot, uint32_t id, uint32_t max);
 /* The latest log (the caller frees it); NULL when empty. */
 AllocEntry *Engine_alloc_log_take(Engine *self, int slot, uint32_t *n,
                                   uint64_t *dropped);
+/* The scope that allocated the block living at addr, 0 when none lives
+ * there (or the device measures nothing now: the ledger is forgotten
+ * then).  A leak suspect's address, asked during a later test: a block of
+ * that test there means the suspect's block was freed meanwhile. */
+uint32_t Engine_block_scope(Engine *self, int slot, uintptr_t addr);
 /* The device's event number now: where a mark falls on a timeline. */
 uint64_t Engine_seq(Engine *self, int slot);
 /* Like Engine_seq, for a device whose timeline runs now; -1 when none does. */

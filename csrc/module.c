@@ -370,6 +370,44 @@ error:
     return result;
 }
 
+/* block_scopes(slot, addrs) -> [scope id or 0]: one lookup per address,
+ * for the leak suspects of tests whose scopes are closed. */
+static PyObject *
+engine_block_scopes(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    PyObject *addrs, *seq = NULL, *result = NULL;
+    if (!PyArg_ParseTuple(args, "iO:block_scopes", &slot, &addrs))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    seq = PySequence_Fast(addrs, "block_scopes: addrs must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    result = PyList_New(n);
+    if (result == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long addr =
+            PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (addr == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_CLEAR(result);
+            goto error;
+        }
+        PyObject *scope = PyLong_FromUnsignedLong(
+            Engine_block_scope(M.engine, slot, (uintptr_t)addr));
+        if (scope == NULL) {
+            Py_CLEAR(result);
+            goto error;
+        }
+        PyList_SET_ITEM(result, i, scope);
+    }
+error:
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyObject *
 engine_seq(PyObject *Py_UNUSED(module), PyObject *arg)
 {
@@ -788,6 +826,9 @@ static PyMethodDef engine_methods[] = {
     {"alloc_log_take", engine_alloc_log_take, METH_O,
      "alloc_log_take(slot) -> ([(addr, size, time_us, site)], dropped): the "
      "latest log, emptied."},
+    {"block_scopes", engine_block_scopes, METH_VARARGS,
+     "block_scopes(slot, addrs) -> [the scope that allocated the block living "
+     "at each address, or 0]."},
     {"seq", engine_seq, METH_O,
      "seq(slot) -> the device's event number now (where a mark falls)."},
     {"bridge_bind", bridge_bind, METH_VARARGS,

@@ -5,6 +5,7 @@ the ``pytest11`` entry point ``memlab``.
 """
 
 from .engine.meters import DeviceFigures
+from .judging.verdicts import MemlabLeakWarning
 from .lab.courtesy import Courtesy
 from .lab.line_profiler import LineProfiler, clear_global_line_profiler, profile, profile_every, set_target_gpu
 from .lab.tensor_report import MemReporter, StorageReport
@@ -12,7 +13,7 @@ from .measuring.measurement import Measurement, MemoryBudgetExceeded
 from .sizes import SizeError, format_size, parse_size
 
 __all__ = [
-    "Courtesy", "DeviceFigures", "LineProfiler", "MemReporter", "Measurement", "StorageReport", "MemoryBudgetExceeded", "SizeError",
+    "Courtesy", "DeviceFigures", "LineProfiler", "MemReporter", "MemlabLeakWarning", "Measurement", "StorageReport", "MemoryBudgetExceeded", "SizeError",
     "clear_global_line_profiler", "format_size", "load_ipython_extension", "parse_size",
     "profile", "profile_every", "set_target_gpu",
 ]

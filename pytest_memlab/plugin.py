@@ -158,7 +158,10 @@ class MemlabPlugin:
                 allowed = self.verdicts.leak_allowances(run)
             except Exception as exc:  # memlab's trouble, never the test's
                 allowed, run.error = {}, f"the leak check failed: {type(exc).__name__}: {exc}"
-            run.end(item, allowed, self.options.top)
+            run.end(item, allowed, self.options.top, self.session.suspects)
+            for device, blocks in run.suspects.items():
+                self.session.suspects.add(item.nodeid, device, blocks, allowed[device],
+                                          (str(item.path), item.location[1] + 1))
             if run.measurement.trace_note:
                 self.session.trace_notes.add(run.measurement.trace_note)
             if self.options.snapshot is not None:
@@ -202,7 +205,7 @@ class MemlabPlugin:
         self.session.controller.node_down(node)
 
     def pytest_sessionfinish(self, session, exitstatus):
-        self.session.finish(session)
+        self.session.finish(session, self.options.top)
 
     def pytest_unconfigure(self, config):
         unpark()

@@ -260,3 +260,114 @@ def test_freed_on_a_plain_thread():
         "  64.0 KiB in 1 block",
         "*or were freed on a plain thread, where memlab does not hear CPU frees)",
     ])
+
+
+COUNT_FULL_COLLECTIONS = """
+import gc
+
+FULL = []
+
+def _count(phase, info):
+    if phase == "start" and info["generation"] == 2:
+        FULL.append(1)
+
+gc.callbacks.append(_count)
+
+def pytest_unconfigure(config):
+    print(f"full collections: {len(FULL)}")
+"""
+
+CYCLES_CACHES_LEAKS = """
+class Node:
+    pass
+
+_TABLE = {}      # a cache: constant tensors keyed by dtype, filled on first use
+_GROWS = []      # a leak: every test that uses it appends
+
+def constant(dtype):
+    if dtype not in _TABLE:
+        _TABLE[dtype] = torch.ones(1024, dtype=dtype)
+    return _TABLE[dtype]
+
+@pytest.mark.parametrize("i", range(20))
+def test_cycle(i):
+    n = Node()
+    n.me = n
+    n.t = cpu_bytes(32 * KiB)       # freed only by the cyclic collector
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float32, torch.float64, torch.float32])
+def test_uses_the_cache(dtype):
+    assert constant(dtype).sum() == 1024
+
+@pytest.mark.parametrize("i", range(2))
+def test_grows(i):
+    _GROWS.append(cpu_bytes(8 * KiB))
+"""
+
+
+def test_unmarked_suspects_are_confirmed_once_at_the_end(inner):
+    """Bytes that wait for the collector cost no full collection per test:
+    20 tests leaving cycles, one collection at the end; the cycles are not
+    leaks, the keyed cache is reported once, the growing list's tests are
+    each named; every test's leaked figure agrees with its verdict."""
+    import json
+
+    inner.makeconftest(COUNT_FULL_COLLECTIONS)
+    inner.makepyfile(test_inner=HEADER + CYCLES_CACHES_LEAKS)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "-s", "--memlab", "--memlab-json=r.json")
+    result.assert_outcomes(passed=27)
+    out = result.stdout.str()
+    full = int(out.split("full collections: ")[1].split()[0])
+    plain = inner.runpytest_subprocess("-p", "no:randomly", "-s", "-p", "no:memlab").stdout.str()
+    unmeasured = int(plain.split("full collections: ")[1].split()[0])
+    assert full <= unmeasured + 1, out     # the end's one: one per test (20 more) before
+    result.stdout.fnmatch_lines([
+        "*MemlabLeakWarning: cpu leaked 8.0 KiB after teardown (allowed 0 B) in test_inner.py::test_grows[[]0[]],"
+        " confirmed at the session's end",
+        "*held by: module test_inner, global _GROWS[[]0[]]",
+        "*MemlabLeakWarning: cpu leaked 8.0 KiB after teardown (allowed 0 B) in test_inner.py::test_grows[[]1[]],*",
+        "*2 tests left tensors allocated after teardown (cpu leaks); see the warnings above",
+        "cpu cache: 12.0 KiB kept by module test_inner, global _TABLE, filled by "
+        "test_inner.py::test_uses_the_cache[[]dtype0[]] (and 1 later test adding keys of their own)",
+    ])
+    assert "test_cycle" not in out.split("warnings summary")[-1]
+    report = json.loads((inner.path / "r.json").read_text())
+    leaked = {t["nodeid"].split("::")[1]: t["devices"]["cpu"]["leaked"] for t in report["tests"]}
+    assert all(leaked[f"test_cycle[{i}]"] == 0 for i in range(20))
+    assert leaked["test_grows[0]"] == leaked["test_grows[1]"] == 8 * 1024
+    assert all(n == 0 for name, n in leaked.items() if name.startswith("test_uses_the_cache"))  # a cache, not a leak
+    assert report["caches"] == [{"device": "cpu", "holder": "module test_inner, global _TABLE", "bytes": 12288,
+                                 "tests": ["test_inner.py::test_uses_the_cache[dtype0]",
+                                           "test_inner.py::test_uses_the_cache[dtype1]"]}]
+
+
+def test_suspects_under_xdist_and_warnings_as_errors(inner):
+    pytest.importorskip("xdist")
+    inner.makepyfile(test_inner=HEADER + CYCLES_CACHES_LEAKS)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab", "-n", "2", "-W", "error::pytest_memlab.MemlabLeakWarning")
+    result.assert_outcomes(passed=27)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "*test_grows[[]0[]]: cpu leaked 8.0 KiB after teardown (allowed 0 B) (its MemlabLeakWarning was raised "
+        "as an error by the warnings filter)",
+        "*test_grows[[]1[]]: cpu leaked 8.0 KiB after teardown*raised as an error by the warnings filter)",
+        "cpu cache: * kept by module test_inner, global _TABLE, filled by *",
+    ])
+    assert "test_cycle" not in result.stdout.str().split("= memlab =")[-1]
+
+
+def test_a_warned_leak_under_warnings_as_errors_is_said_plainly(inner):
+    """A leak found at the test's own teardown (here: a growing leak of
+    --memlab-leak-repeat) keeps the outcome, and says it leaked."""
+    result = run(inner, """
+@pytest.fixture(scope="module")
+def cache():
+    return []
+
+def test_grows(cache):
+    cache.append(cpu_bytes(4 * KiB))
+""", "--memlab", "--memlab-leak-repeat=2", "-W", "error::pytest_memlab.MemlabLeakWarning")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["test_inner.py::test_grows: cpu kept 4.0 KiB more after every repetition*"
+                                 "(its MemlabLeakWarning was raised as an error by the warnings filter)"])
+    assert "judging failed" not in result.stdout.str()

@@ -101,6 +101,10 @@ class EngineMeter:
         """Bytes of blocks allocated in this scope and still allocated."""
         return engine.live(self.slot, self.scope_id)
 
+    def scopes_at(self, addrs: list) -> list:
+        """The scope whose block lives at each address now, or 0."""
+        return engine.block_scopes(self.slot, addrs)
+
     def live_blocks(self) -> list:
         """(addr, size, scope, site) of this scope's blocks still allocated."""
         return engine.blocks(self.slot, self.scope_id)

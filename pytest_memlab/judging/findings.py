@@ -92,6 +92,22 @@ class Growth:
         return f"{self.device} leak growth"
 
 
+@dataclass
+class Cache:
+    """Tensors that suspects left in one holder whose entries are keyed (a
+    dict filled on first use, an attribute, a closure's variable): memory
+    kept once, not grown by each test that runs, reported once."""
+
+    device: str
+    holder: str                  # the holder's root: "module m, global _CACHE"
+    bytes: int = 0
+    tests: list = field(default_factory=list)    # node ids, the one that filled it first
+
+    @property
+    def key(self) -> str:
+        return f"{self.device} cache"
+
+
 # -- the baseline -------------------------------------------------------------
 @dataclass(frozen=True)
 class Change:

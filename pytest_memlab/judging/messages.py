@@ -133,3 +133,11 @@ def baseline_failure(change, figures, top: int = 5, context: str = "") -> str:
     return "\n".join(lines)
 
 
+
+
+def cache_report(cache) -> str:
+    """A cache, once: its holder, its bytes, the tests that filled it."""
+    first, rest = cache.tests[0], cache.tests[1:]
+    others = f" (and {plural(len(rest), 'later test')} adding keys of their own)" if rest else ""
+    return (f"{cache.device} cache: {format_size(cache.bytes)} kept by {cache.holder}, "
+            f"filled by {first}{others}")

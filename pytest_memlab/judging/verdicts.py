@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import warnings
 
-from .findings import Change, Exceeded, Growth
+import re
+
+from .findings import Cache, Change, Exceeded, Growth
 from .messages import baseline_failure, budget_failure, growth_report, leak_report
+
+# A holder path's root: what holds the first step (see leak_search.holders_of).
+_ROOT = re.compile(r"^(module \S+, global \w+|class \S+, attribute \w+|closure of \S+ \(variable \w+\))")
 
 # --memlab-leaks and a marker's leaks= decide what a leak does.
 LEAK_POLICIES = ("fail", "warn", "off")
@@ -51,6 +56,47 @@ def has_budget(spec) -> bool:
     return any(getattr(spec, name, None) is not None for _, _, name in BUDGETS)
 
 
+def sort_suspects(confirmed: list) -> tuple[list, list[Cache]]:
+    """Leaks and caches among confirmed suspects ([(Suspect, Leak)]), by
+    evidence across the session: a tensor held by a sequence's element (a
+    list that tests append to grows with every test that does), by a
+    frame, or by nothing memlab could name, is a leak, and its test is
+    named; one held under a key (a dict filled on first use: the same keys
+    serve later tests), an attribute or a closure's variable is kept once:
+    a cache, reported once with the tests that filled it.  Returns
+    ([(suspect, Leak)] of the leaks, [Cache])."""
+    leaks, caches = [], {}
+    for suspect, leak in confirmed:
+        if leak.bytes <= leak.allowed:
+            continue
+        held: dict = {}    # root -> bytes of its tensors
+        for site in leak.sites:
+            for t in site.tensors:
+                root = _cache_root(t.holders[0] if t.holders else "")
+                held[root] = held.get(root, 0) + t.bytes
+        if not held or None in held:
+            leaks.append((suspect, leak))
+            continue
+        first = next(iter(held))
+        held[first] += leak.bytes - sum(held.values())   # what the tensors' graphs hold
+        for root, n in held.items():
+            cache = caches.setdefault((leak.device, root), Cache(leak.device, root))
+            cache.bytes += n
+            cache.tests.append(suspect.nodeid)
+    return leaks, list(caches.values())
+
+
+def _cache_root(path: str) -> str | None:
+    """The holder's root when the path is a cache's, else None."""
+    match = _ROOT.match(path)
+    if match is None:
+        return None
+    rest = path[match.end():]
+    if re.match(r"\[-?\d+\]", rest):
+        return None   # a sequence's element: grows with each test that appends
+    return match.group(1)
+
+
 def compare(device: str, old: int, new: int, tolerance, path) -> Change:
     """The own peak new against the baseline's old, under tolerance."""
     return Change(device, old, new, tolerance.allowed(old), tolerance.text, str(path))
@@ -85,6 +131,17 @@ class Verdicts:
             run.leak_policy[device] = policy
         return allowed
 
+    @staticmethod
+    def _warn(text: str, run) -> None:
+        """A MemlabLeakWarning; where the warnings filter makes it an error
+        (filterwarnings = error), the test keeps its outcome and memlab's
+        summary says plainly what was found (run.said)."""
+        try:
+            warnings.warn(MemlabLeakWarning(text), stacklevel=1)
+        except Warning:
+            run.said.append(f"{run.nodeid}: {text.splitlines()[0]} (its MemlabLeakWarning was raised as an "
+                            "error by the warnings filter)")
+
     def _leak_findings(self, run, failures: list[str]) -> None:
         for device, kept in run.growth.items():
             if not kept or min(kept) <= 0:
@@ -96,18 +153,18 @@ class Verdicts:
                 failures.append(text)
             else:
                 run.warned.append(growth.key)
-                warnings.warn(MemlabLeakWarning(text), stacklevel=1)
+                self._warn(text, run)
         for device, leak in run.leaks.items():
             text = leak_report(leak, self.options.top)
             if run.leak_policy.get(device) != "fail":
                 run.warned.append(leak.key)
-                warnings.warn(MemlabLeakWarning(text), stacklevel=1)
+                self._warn(text, run)
             elif not run.call_failed:
                 run.failed[leak.key] = leak
                 failures.append(text)
             else:   # the test keeps its own failure; the leak is told beside it
                 run.failed[leak.key] = leak
-                warnings.warn(MemlabLeakWarning(f"{text}\n(the test had failed already)"), stacklevel=1)
+                self._warn(f"{text}\n(the test had failed already)", run)
 
     # -- the verdict ------------------------------------------------------------
     def judge(self, run, report, final: bool) -> None:

@@ -91,18 +91,35 @@ def find(core, device: str, blocks, allowed: int, top: int, started: float | Non
     right after teardown (a function fixture's value in item.funcargs),
     whose references ignore_ids lists: a tensor among them with no other
     holder is not a leak."""
+    return find_many(core, device, [(blocks, allowed)], started, excused, ignore_ids)[0]
+
+
+def find_many(core, device: str, groups: list, started: float | None = None,
+              excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset(),
+              seconds: float = HOLDER_SECONDS, deferred: bool = False) -> list[Leak]:
+    """A Leak per group (blocks, allowed) of device, from one scan of the
+    live tensors and one holder search for all of them (a batch of suspects
+    costs what one does).  deferred: the groups' tests ended a while ago,
+    while memlab did not hear every free (between measurements): a block no
+    Python tensor owns may have been freed unheard, so such bytes count
+    only where a tensor of the same group retains an autograd graph (whose
+    saved tensors they are)."""
     torch = core.torch
-    leak = Leak(device, sum(size for _, size, _, _ in blocks), allowed)
-    by_site: dict[int, LeakSite] = {}
-    starts = sorted(blocks)
+    leaks, by_site, starts = [], [], []
+    for g, (blocks, allowed) in enumerate(groups):
+        leaks.append(Leak(device, sum(size for _, size, _, _ in blocks), allowed))
+        sites: dict[int, LeakSite] = {}
+        for addr, size, _, site in blocks:
+            entry = sites.get(site)
+            if entry is None:
+                entry = sites[site] = LeakSite(chain_of(site))
+            entry.bytes += size
+            entry.blocks += 1
+            starts.append((addr, size, site, g))
+        by_site.append(sites)
+    starts.sort()
     addrs = [b[0] for b in starts]
     owned: dict[int, int] = {}     # block addr -> bytes owned by tensors found
-    for addr, size, _, site in starts:
-        s = by_site.get(site)
-        if s is None:
-            s = by_site[site] = LeakSite(chain_of(site))
-        s.bytes += size
-        s.blocks += 1
     found: dict[int, tuple] = {}   # storage ptr -> (block, first tensor)
     grads: dict[int, object] = {}
     tensors = _live_tensors(torch, device, grads) if torch is not None else []
@@ -110,19 +127,21 @@ def find(core, device: str, blocks, allowed: int, top: int, started: float | Non
         i = bisect.bisect_right(addrs, ptr) - 1
         if i < 0:
             continue
-        addr, size, _, site = starts[i]
+        addr, size, _, _ = starts[i]
         if ptr >= addr + size or ptr in found:
             continue
         found[ptr] = (starts[i], tensor)
         owned[addr] = owned.get(addr, 0) + min(nbytes, addr + size - ptr)
-    deadline = (started or time.perf_counter()) + HOLDER_SECONDS
+    deadline = (started or time.perf_counter()) + seconds
     ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
         | {id(v) for v in found.values()} | set(ignore_ids)
     released: dict[int, int] = {}   # block addr -> bytes of excused tensors
     named = holders_of([t for _, t in found.values()], ignore, deadline, grads)
     if time.perf_counter() > deadline:
-        leak.note = f"holders searched for {HOLDER_SECONDS:.0f} s; paths longer than that search are not named"
-    for ptr, ((addr, size, _, site), tensor) in found.items():
+        for leak in leaks:
+            leak.note = f"holders searched for {seconds:.0f} s; paths longer than that search are not named"
+    graphs = set()                  # groups with a tensor that retains a graph
+    for ptr, ((addr, size, site, g), tensor) in found.items():
         entry = LeakedTensor(tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""), device,
                              min(tensor.untyped_storage().nbytes(), addr + size - ptr),
                              holders=named.get(id(tensor), []), requires_grad=bool(tensor.requires_grad))
@@ -134,15 +153,21 @@ def find(core, device: str, blocks, allowed: int, top: int, started: float | Non
             continue
         if tensor.grad_fn is not None:
             entry.graph = f"retains an autograd graph (grad_fn={type(tensor.grad_fn).__name__})"
-        by_site[site].tensors.append(entry)
-    for addr, size, _, site in starts:
+            graphs.add(g)
+        by_site[g][site].tensors.append(entry)
+    for addr, size, site, g in starts:
         gone = released.get(addr, 0)
-        by_site[site].bytes -= gone
-        leak.bytes -= gone
-        by_site[site].unowned += max(0, size - gone - owned.get(addr, 0))
+        unowned = max(0, size - gone - owned.get(addr, 0))
+        if deferred and g not in graphs:
+            gone += unowned   # perhaps freed while memlab did not listen: not evidence
+            unowned = 0
+        by_site[g][site].bytes -= gone
+        leaks[g].bytes -= gone
+        by_site[g][site].unowned += unowned
     del tensors, found, grads
-    leak.sites = sorted((s for s in by_site.values() if s.bytes > 0), key=lambda s: -s.bytes)
-    return leak
+    for leak, sites in zip(leaks, by_site):
+        leak.sites = sorted((s for s in sites.values() if s.bytes > 0), key=lambda s: -s.bytes)
+    return leaks
 
 
 def released_by_pytest(item, limit: int = 20000) -> tuple[set[int], set[int]]:

@@ -37,6 +37,7 @@ class TestRun:
     figures: dict | None = None           # final, after teardown
     failed: dict = field(default_factory=dict)   # finding key -> finding (judging.findings)
     leaks: dict = field(default_factory=dict)    # device -> Leak (after teardown)
+    suspects: dict = field(default_factory=dict)  # device -> blocks left to the session's batch
     leak_policy: dict = field(default_factory=dict)  # device -> "fail" or "warn"
     warned: list = field(default_factory=list)   # finding keys
     call_failed: bool = False
@@ -47,6 +48,7 @@ class TestRun:
     judged: bool = False                  # anything to judge before teardown: budgets, notes, a baseline
     growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
     error: str = ""                       # memlab's own trouble
+    said: list = field(default_factory=list)     # what a warning could not say (an error by the filter)
 
     # -- opening -------------------------------------------------------------------
     def begin(self, core, options, session) -> str | None:
@@ -126,14 +128,18 @@ class TestRun:
             self.repeating = False
 
     # -- closing -------------------------------------------------------------------
-    def end(self, item, allowed: dict[str, int], top: int) -> None:
+    def end(self, item, allowed: dict[str, int], top: int, suspects) -> None:
         """After teardown: the leak check for the allowed devices (device ->
-        bytes allowed), then the final figures.  memlab's trouble is kept
-        in error, never raised into the test."""
+        bytes allowed; those under the warn policy may be left to the
+        session's batch, suspects), then the final figures.  memlab's
+        trouble is kept in error, never raised into the test."""
         measurement = self.measurement
         try:
+            if suspects:
+                suspects.forget_reused(measurement)
             if allowed:
-                self.leaks = measurement.check_leaks(allowed, top, item)
+                deferred = frozenset(d for d in allowed if self.leak_policy.get(d) == "warn")
+                self.leaks, self.suspects = measurement.check_leaks(allowed, top, item, deferred)
         except Exception as exc:
             self.error = f"the leak check failed: {type(exc).__name__}: {exc}"
         try:
@@ -160,7 +166,7 @@ class TestRun:
     def result(self, top: int, detail: bool, with_baseline: bool) -> TestResult:
         """The test's result (its figures as the reports read them)."""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
-                            memlab_error=self.error, user_failed=self.user_failed)
+                            memlab_error=self.error, user_failed=self.user_failed, said=self.said)
         if self.measurement is None:
             return result
         for spec, device in self.devices:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import json_report
 from ..atomic_files import write_atomic
+from ..sizes import format_size
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -238,8 +239,8 @@ _SCRIPT = r"""
 """
 
 
-def render(results: dict, environment: dict, backend: str) -> str:
-    report = json_report.build(results, environment, backend)
+def render(results: dict, environment: dict, backend: str, caches: list = ()) -> str:
+    report = json_report.build(results, environment, backend, caches)
     # Inside <script>, only "</" could end the element early.
     payload = json.dumps(report, separators=(",", ":"), sort_keys=True).replace("</", "<\\/")
     env = ", ".join(f"{k} {v}" for k, v in sorted(environment.items()) if v)
@@ -258,6 +259,7 @@ def render(results: dict, environment: dict, backend: str) -> str:
         "<label><input type=\"checkbox\" id=\"flagged\"> only tests memlab failed or warned of</label> "
         "<span id=\"count\"></span></div>"
         f"<table><thead><tr>{headers}</tr></thead><tbody id=\"rows\"></tbody></table>"
+        + _caches(report["caches"]) +
         "<div id=\"detail\"></div>"
         # Any script error is left on the page, where a test (or a person) finds it.
         "<script>window.addEventListener('error',function(e){document.documentElement.setAttribute("
@@ -267,7 +269,21 @@ def render(results: dict, environment: dict, backend: str) -> str:
     )
 
 
-def write(path, results: dict, environment: dict, backend: str) -> None:
+def _caches(caches: list) -> str:
+    """Memory kept by caches, once each: the holder, its bytes, the tests
+    that filled it."""
+    if not caches:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(c['device'])}</td><td>{html.escape(c['holder'])}</td>"
+        f"<td>{html.escape(format_size(c['bytes']))}</td><td>{html.escape(', '.join(c['tests']))}</td></tr>"
+        for c in caches)
+    return ("<h2>caches (kept once, not grown by each test that uses them)</h2><table id=\"caches\">"
+            f"<thead><tr><th>device</th><th>holder</th><th>bytes</th><th>filled by</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+
+
+def write(path, results: dict, environment: dict, backend: str, caches: list = ()) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, render(results, environment, backend))
+    write_atomic(path, render(results, environment, backend, caches))

@@ -38,7 +38,7 @@ def _device(d) -> dict:
     }
 
 
-def build(results: dict, environment: dict, backend: str) -> dict:
+def build(results: dict, environment: dict, backend: str, caches: list = ()) -> dict:
     tests = []
     for nodeid in sorted(results):
         r = results[nodeid]
@@ -64,10 +64,12 @@ def build(results: dict, environment: dict, backend: str) -> dict:
             "memlab_errors": sum(1 for t in tests if t["memlab_error"]),
         },
         "tests": tests,
+        "caches": [{"device": c["device"], "holder": c["holder"], "bytes": c["bytes"], "tests": list(c["tests"])}
+                   for c in caches],
     }
 
 
-def write(path, results: dict, environment: dict, backend: str) -> None:
+def write(path, results: dict, environment: dict, backend: str, caches: list = ()) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(build(results, environment, backend), indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(build(results, environment, backend, caches), indent=2, sort_keys=True) + "\n")

@@ -8,7 +8,8 @@ figures and budgets, ``memlab.DEVICE.top`` (JSON) for the heaviest lines,
 ``memlab.failed_by_memlab`` (JSON list) for what memlab itself failed the
 test for, ``memlab.warned`` (JSON list) for what it warned of (leaks under
 ``warn``), ``memlab.memlab_error`` for trouble in memlab's own machinery,
-``memlab.user_failed`` when the test failed by its own doing (its figures
+``memlab.said`` (JSON list) for findings whose warning the warnings filter
+made an error, ``memlab.user_failed`` when the test failed by its own doing (its figures
 then do not go into a baseline), ``memlab.DEVICE.name`` for the device as
 the test asked for it (the baseline's key: ``cuda`` for the current CUDA
 device), ``memlab.DEVICE.baseline`` for the comparison's outcome
@@ -94,6 +95,7 @@ class TestResult:
     warned: list[str] = field(default_factory=list)             # finding keys ("cpu leaks")
     memlab_error: str = ""                                       # memlab's own trouble
     user_failed: bool = False                          # failed by its own doing, not by memlab
+    said: list[str] = field(default_factory=list)      # findings whose warning the filter made an error
 
     @property
     def usable(self) -> bool:
@@ -142,6 +144,8 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
         add((PREFIX + "memlab_error", result.memlab_error))
     if result.user_failed:
         add((PREFIX + "user_failed", "true"))
+    if result.said:
+        add((PREFIX + "said", json.dumps(result.said)))
     return props
 
 
@@ -164,7 +168,7 @@ def decode(nodeid: str, props) -> TestResult | None:
             continue
         result = result or TestResult(nodeid)
         rest = name[len(PREFIX):]
-        if rest in ("failed_by_memlab", "warned"):
+        if rest in ("failed_by_memlab", "warned", "said"):
             setattr(result, rest, list(json.loads(value)))
             continue
         if rest == "memlab_error":

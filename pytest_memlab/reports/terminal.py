@@ -73,6 +73,7 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     if warned:
         out.append((f"{plural(len(warned), 'test')} left tensors allocated after teardown "
                     f"({', '.join(sorted({k for r in warned for k in r.warned}))}); see the warnings above", False))
+    out += [(line, True) for r in results.values() for line in r.said]
     failed = [r for r in results.values() if r.failed_by_memlab]
     if failed:
         out.append((f"{plural(len(failed), 'test')} failed by memlab ({', '.join(sorted({k for r in failed for k in r.failed_by_memlab}))}); "

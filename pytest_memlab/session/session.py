@@ -11,12 +11,19 @@ the one baseline and the one report.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import pytest
 
 from ..devices import cuda_available
+from ..engine.backend import core
 from ..judging.baseline_file import (Baseline, BaselineError, environment_differences, environment_info,
                                      stale_entries, update)
+from ..judging.findings import Cache
+from ..judging.messages import cache_report, leak_report
+from ..judging.verdicts import MemlabLeakWarning, sort_suspects
+from ..measuring.leak_search import HOLDER_SECONDS
+from ..measuring.leak_suspects import LeakSuspects
 from ..reports import html_report, json_report
 from ..reports.results import TestResult, decode
 from ..reports.terminal import baseline_summary, summary
@@ -38,6 +45,9 @@ class MemlabSession:
         self.collected: set[str] = set()
         self.lines: list[tuple[str, bool]] = []   # the baseline's and the reports' lines: (text, bold)
         self.write_failed = False
+        self.suspects = LeakSuspects()     # tests whose leak verdict comes at the end
+        self.late: dict[str, dict] = {}    # nodeid -> device -> what the end's leak check found
+        self.caches: list[dict] = []       # {device, holder, bytes, tests}
         self.baseline: Baseline | None = self._load_baseline()
         self.env: str | None = options.baseline_env
         if hasattr(config, "workerinput"):
@@ -102,10 +112,16 @@ class MemlabSession:
         return environment_info(sys.modules.get("torch"))
 
     # -- at the end ---------------------------------------------------------------
-    def finish(self, session) -> None:
+    def finish(self, session, top: int) -> None:
+        try:
+            self._confirm_suspects(top)
+        except Exception as exc:   # memlab's trouble: said, never the session's end
+            self.lines.append((f"pytest-memlab: the leak check at the end failed: {type(exc).__name__}: {exc}",
+                               True))
         if self.worker is not None:
             self.worker.finish()
             return
+        self._apply_late()
         if self.baseline is not None:
             try:
                 self._finish_baseline()
@@ -117,7 +133,7 @@ class MemlabSession:
         reports += [("HTML", path, html_report) for path in self.options.html_paths]
         for kind, path, module in reports:
             try:
-                module.write(path, self.results, self.controller.environment(), self.controller.backend())
+                module.write(path, self.results, self.controller.environment(), self.controller.backend(), self.caches)
                 self.lines.append((f"{kind} report: {path}", False))
             except Exception as exc:
                 self.write_failed = True
@@ -125,6 +141,64 @@ class MemlabSession:
                                    f"{type(exc).__name__}: {exc}", True))
         if self.write_failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    # -- leaks confirmed at the end -----------------------------------------------
+    def _confirm_suspects(self, top: int) -> None:
+        """One settling, one tensor scan and one holder search for every
+        suspect of this process; their verdicts join the results
+        (self.late) and caches (self.caches)."""
+        if not self.suspects:
+            return
+        n = len(self.suspects.pending)
+        confirmed = self.suspects.confirm(core(), HOLDER_SECONDS + min(12.0, 0.1 * n))
+        leaks, caches = sort_suspects(confirmed)
+        leaking = {(s.nodeid, s.device) for s, _ in leaks}
+        for suspect, leak in confirmed:   # every suspect's figure agrees with its verdict
+            entry = self.late.setdefault(suspect.nodeid, {})
+            entry[suspect.device] = {"leaked": leak.bytes if (suspect.nodeid, suspect.device) in leaking else 0}
+        for suspect, leak in leaks:
+            self.late[suspect.nodeid][suspect.device].update(
+                key=leak.key, text=leak_report(leak, top), location=list(suspect.location))
+        for cache in caches:
+            self.caches.append({"device": cache.device, "holder": cache.holder, "bytes": cache.bytes,
+                                "tests": cache.tests})
+
+    def _apply_late(self) -> None:
+        """The end's leak verdicts into the results, and their warnings,
+        attributed to each test's own line."""
+        for nodeid, devices in self.late.items():
+            result = self.results.get(nodeid)
+            for device, found in devices.items():
+                d = result.devices.get(device) if result is not None else None
+                if d is not None:
+                    d.leaked = found["leaked"]
+                if not found.get("key"):
+                    continue
+                if result is not None and found["key"] not in result.warned:
+                    result.warned = sorted(result.warned + [found["key"]])
+                    if d is not None and d.detail is not None:
+                        d.detail["leak"] = found["text"]
+                file, line = (found.get("location") or ["", 0])[:2]
+                try:
+                    head, _, rest = found["text"].partition("\n")
+                    text = f"{head} in {nodeid}, confirmed at the session's end\n{rest}"
+                    warnings.warn_explicit(MemlabLeakWarning(text), MemlabLeakWarning,
+                                           str(file) or nodeid, int(line) or 0)
+                except Warning:   # the warnings filter made it an error: say it plainly instead
+                    said = (f"{nodeid}: {found['text'].splitlines()[0]} (its MemlabLeakWarning was "
+                            "raised as an error by the warnings filter)")
+                    if result is not None:
+                        result.said.append(said)
+                    else:
+                        self.lines.append((said, True))
+        merged: dict = {}   # the same holder, filled on several workers
+        for c in self.caches:
+            m = merged.setdefault((c["device"], c["holder"]), Cache(c["device"], c["holder"]))
+            m.bytes = max(m.bytes, c["bytes"])   # each worker's process holds its own copy
+            m.tests += c["tests"]
+        self.caches = [{"device": c.device, "holder": c.holder, "bytes": c.bytes, "tests": c.tests}
+                       for c in merged.values()]
+        self.lines += [(cache_report(c), False) for c in merged.values()]
 
     def _finish_baseline(self) -> None:
         options = self.options

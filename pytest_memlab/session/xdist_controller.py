@@ -20,6 +20,8 @@ class ControllerSide:
             session.collected.update(sent.get("collected", ()))
             if session.env is None and sent.get("env"):
                 session.env = sent["env"]
+            session.late.update(sent.get("late") or {})
+            session.caches += sent.get("caches") or []
 
     def environment(self) -> dict:
         """This run's environment: a worker's (a GPU worker's first), else

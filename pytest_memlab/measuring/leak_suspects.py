@@ -1,0 +1,86 @@
+"""Leak suspects: tests whose own bytes were still allocated after their
+teardown (and a young-generation collection), under the warn policy, kept
+for one batch at the session's end instead of a full collection each.
+
+A test's bytes that only wait for the cyclic collector (autograd graphs in
+reference cycles, gradchecks) would cost a full collection over a large
+heap per test, 0.1 to 0.5 s each.  Kept as suspects, they cost a copy of
+their block list; at the end one full collection, one scan of the live
+tensors and one holder search confirm them all.  A tensor still living in
+a suspect's block then is a leak (or a cache: :mod:`pytest_memlab.judging`
+tells which); what the collector freed meanwhile is not.
+
+memlab hears frees only while it measures, so a suspect's block may have
+been freed unheard between tests, and its address reused.  Two guards: a
+block whose address a later measured test holds (the engine's ledger says
+so at that test's end) is dropped; at the end, bytes no Python tensor owns
+count only where a tensor of the same test retains an autograd graph.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..engine.meters import EngineMeter
+
+
+@dataclass
+class Suspect:
+    nodeid: str
+    device: str
+    blocks: list            # (addr, size, scope, site) after its teardown
+    allowed: int
+    location: tuple = ()    # (file, line) of the test function: where its warning points
+    seq: int = 0            # order of the tests that left them
+
+
+@dataclass
+class LeakSuspects:
+    pending: list[Suspect] = field(default_factory=list)
+    # device -> addr -> the suspect whose block lives there
+    _addrs: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def add(self, nodeid: str, device: str, blocks: list, allowed: int, location: tuple = ()) -> None:
+        suspect = Suspect(nodeid, device, list(blocks), allowed, location, len(self.pending))
+        self.pending.append(suspect)
+        by_addr = self._addrs.setdefault(device, {})
+        for block in suspect.blocks:
+            by_addr[block[0]] = suspect
+
+    def forget_reused(self, measurement) -> None:
+        """At a later measured test's end, before its scope closes: a
+        suspect's address that now holds this test's block was freed."""
+        for device, by_addr in self._addrs.items():
+            meter = measurement.meters.get(device)
+            if not by_addr or not isinstance(meter, EngineMeter):
+                continue
+            addrs = list(by_addr)
+            for addr, scope in zip(addrs, meter.scopes_at(addrs)):
+                if scope:
+                    suspect = by_addr.pop(addr)
+                    suspect.blocks = [b for b in suspect.blocks if b[0] != addr]
+
+    def confirm(self, core, seconds: float) -> list:
+        """[(suspect, Leak)] for every suspect, after one settling: the
+        Leak's bytes are what is still held (0: nothing was)."""
+        from .leak_search import find_many, released_by_pytest, settle
+
+        started = time.perf_counter()
+        suspects = [s for s in self.pending if s.blocks]
+        self.pending, self._addrs = [], {}
+        if not suspects:
+            return []
+        devices = sorted({s.device for s in suspects})
+        settle(core, devices)
+        _, look_past = released_by_pytest(None)   # the last failure's traceback: pytest's
+        out = []
+        for device in devices:
+            group = [s for s in suspects if s.device == device]
+            leaks = find_many(core, device, [(s.blocks, s.allowed) for s in group], started,
+                              ignore_ids=look_past, seconds=seconds, deferred=True)
+            out += zip(group, leaks)
+        return sorted(out, key=lambda pair: pair[0].seq)
