@@ -79,6 +79,16 @@ def leak_policy(value: str) -> str:
     return value
 
 
+DETAILS = ("flagged", "all")
+
+
+def details_choice(value: str) -> str:
+    value = value.strip().lower()
+    if value not in DETAILS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of: {', '.join(DETAILS)}")
+    return value
+
+
 def count(value: str) -> int:
     try:
         n = int(value)
@@ -117,8 +127,13 @@ def add_options(parser) -> None:
     )
     group.addoption(
         "--memlab-json", default=None, metavar="PATH",
-        help="write the JSON report (schema: pytest_memlab/report.schema.json) to PATH; implies --memlab "
-             "(ini: memlab_json)",
+        help="write the JSON report (schema: pytest_memlab/reports/report.schema.json) to PATH; implies "
+             "--memlab (ini: memlab_json)",
+    )
+    group.addoption(
+        "--memlab-details", type=details_choice, default=None, metavar="flagged|all",
+        help="which tests' timelines, marks and leak text the JSON and HTML reports carry: 'flagged' (default: "
+             "the tests memlab failed or warned of) or 'all' (ini: memlab_details)",
     )
     group.addoption(
         "--memlab-html", default=None, metavar="PATH",
@@ -204,6 +219,7 @@ def add_options(parser) -> None:
     parser.addini("memlab_report", default="", help="report spec, as --memlab-report")
     parser.addini("memlab_json", default="", help="as --memlab-json (relative to the rootdir)")
     parser.addini("memlab_html", default="", help="as --memlab-html (relative to the rootdir)")
+    parser.addini("memlab_details", default="flagged", help="as --memlab-details")
     parser.addini("memlab_snapshot", default="", help="as --memlab-snapshot (relative to the rootdir)")
     parser.addini("memlab_require_cuda", type="bool", default=False, help="as --memlab-require-cuda")
 
@@ -230,6 +246,7 @@ class Options:
     baseline_env: str | None = None
     gpus_per_worker: int | None = None
     snapshot: Path | None = None
+    details: str = "flagged"
 
     # Asked in every measured test: computed once (cached_property writes
     # the instance's __dict__, which a frozen dataclass allows).
@@ -315,6 +332,10 @@ class Options:
                 if not path.strip():
                     raise pytest.UsageError(f"--memlab-{kind} names no file (write --memlab-{kind}=PATH)")
                 report = tuple(report or ()) + (f"{kind}:{path}",)
+        try:
+            details = details_choice(str(_option(config, "memlab_details", "memlab_details")))
+        except argparse.ArgumentTypeError as exc:
+            raise pytest.UsageError(f"ini memlab_details: {exc}") from None
         snapshot = config.getoption("memlab_snapshot")
         if snapshot is None and config.getini("memlab_snapshot").strip():
             snapshot = str(config.rootpath / config.getini("memlab_snapshot").strip())
@@ -322,6 +343,7 @@ class Options:
             raise pytest.UsageError("--memlab-snapshot names no folder (write --memlab-snapshot=DIR)")
         return cls(
             snapshot=Path(snapshot) if snapshot is not None else None,
+            details=details,
             baseline=baseline,
             update_baseline=update,
             prune_baseline=prune,

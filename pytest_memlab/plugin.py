@@ -187,7 +187,8 @@ class MemlabPlugin:
             run.error = run.error or f"judging failed: {type(exc).__name__}: {exc}"
         if when == "teardown":
             options = self.options
-            result = run.result(options.top, options.detail, self.session.baseline is not None)
+            result = run.result(options.top, options.details if options.detail else "",
+                                self.session.baseline is not None)
             report.user_properties.extend(encode(result))
             self.session.made(result)
             # Keeping every test's measurement would grow what the garbage

@@ -173,7 +173,7 @@ def test_many_events():
 
 def test_the_json_report_carries_timelines_marks_and_the_peak(inner):
     inner.makepyfile(test_timeline=TIMELINE_SUITE)
-    result = inner.runpytest_inprocess("--memlab-json=r.json")
+    result = inner.runpytest_inprocess("--memlab-json=r.json", "--memlab-details=all")
     result.assert_outcomes(passed=2)
     data = json.loads((inner.path / "r.json").read_text())
     validate(data)
@@ -272,7 +272,7 @@ def test_small():
 
 def test_the_html_report_is_one_file_that_a_browser_draws(inner, tmp_path):
     inner.makepyfile(test_train=TRAINING_SUITE)
-    result = inner.runpytest_inprocess("--memlab-report=term,html:out/r.html")
+    result = inner.runpytest_inprocess("--memlab-report=term,html:out/r.html", "--memlab-details=all")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["HTML report: out/r.html"])
     page = (inner.path / "out" / "r.html").read_text()
@@ -362,7 +362,7 @@ def test_compiled_fullgraph():
 
 def test_phases_mark_themselves_on_the_timeline(inner):
     inner.makepyfile(test_phases=PHASES_SUITE)
-    result = inner.runpytest_inprocess("--memlab-json=r.json")
+    result = inner.runpytest_inprocess("--memlab-json=r.json", "--memlab-details=all")
     result.assert_outcomes(passed=3, failed=1)
     # no hook was registered with torch: torch.compile(fullgraph=True) passed, and did not warn of one
     result.stdout.no_fnmatch_line("*global hooks*")
@@ -525,3 +525,34 @@ def test_the_terminal_table_fits_100_columns_worst_first_and_follows_q_and_v(inn
     assert len(rows) == 10 and "heaviest tests" not in quiet and "16 more rows" in quiet
     counts_only = inner.runpytest_inprocess("--memlab-report", "-qq").stdout.str()
     assert "26 tests measured" in counts_only and " own peak " not in counts_only
+
+
+def test_details_by_default_only_for_the_tests_memlab_flagged(inner):
+    """The JSON and HTML reports stay small on a large suite: a passing
+    test carries its figures; its timeline, marks and leak text come only
+    for the tests memlab failed or warned of, or for all with
+    --memlab-details=all."""
+    import json
+
+    inner.makepyfile(test_d="""
+import pytest, torch
+
+def test_passes():
+    x = torch.empty(2**20, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory(max="1K")
+def test_over():
+    x = torch.empty(2**20, dtype=torch.uint8)
+""")
+    inner.runpytest_inprocess("--memlab-json=r.json").assert_outcomes(passed=1, failed=1)
+    tests = {t["nodeid"].split("::")[1]: t for t in json.loads((inner.path / "r.json").read_text())["tests"]}
+    assert tests["test_passes"]["devices"]["cpu"]["detail"] is None
+    assert tests["test_passes"]["devices"]["cpu"]["peak"] == 2**20
+    assert tests["test_over"]["devices"]["cpu"]["detail"]["timeline"]
+    assert all(len(json.dumps(t)) < 4096 for t in tests.values())
+    inner.runpytest_inprocess("--memlab-json=r.json", "--memlab-details=all").assert_outcomes(passed=1, failed=1)
+    tests = {t["nodeid"].split("::")[1]: t for t in json.loads((inner.path / "r.json").read_text())["tests"]}
+    assert tests["test_passes"]["devices"]["cpu"]["detail"]["timeline"]
+    bad = inner.runpytest_inprocess("--memlab-details=some")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*'some' is not one of: flagged, all*"])

@@ -47,7 +47,6 @@ class Measurement:
     def __init__(self, core: Core, devices: list[str], trace: bool = True, park: bool = False,
                  timeline: bool = False, log: bool = False):
         self.core = core
-        self.detail = False      # fetch the timelines at the end (a report asked for them)
         self.park = park         # leave the tracer and torch's hooks ready for the next test
         self.trace = trace and core.name == BRIDGE
         self.trace_note = ""
@@ -126,8 +125,6 @@ class Measurement:
                 continue
             if self._traced_once:
                 fig.lines = line_stats(meter.slot)
-            if self.detail and meter.timeline:
-                fig.timeline = meter.timeline_points(self.DETAIL_POINTS)
             if meter.log:
                 fig.alloc_log = meter.take_alloc_log()
         for device, reason in self.unmeasured.items():

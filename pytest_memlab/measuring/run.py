@@ -62,7 +62,6 @@ class TestRun:
             requested = [default_device(c) if spec.kind == "auto" else spec.device for spec in self.specs]
             measurement = Measurement(c, list(dict.fromkeys(requested)), park=True, timeline=True,
                                       log=options.snapshot is not None)
-            measurement.detail = options.detail
             resolved = measurement.resolved
             self.devices = [(spec, resolved[r]) for spec, r in zip(self.specs, requested)]
             self.names = {resolved[r]: r for r in requested}
@@ -163,8 +162,13 @@ class TestRun:
                 self.error = self.error or f"the snapshot was not written: {type(exc).__name__}: {exc}"
 
     # -- the result ----------------------------------------------------------------
-    def result(self, top: int, detail: bool, with_baseline: bool) -> TestResult:
-        """The test's result (its figures as the reports read them)."""
+    def result(self, top: int, detail: str, with_baseline: bool) -> TestResult:
+        """The test's result (its figures as the reports read them); with
+        detail "all", or "flagged" for a test memlab failed, warned of or
+        suspects of a leak, what the JSON and HTML reports show besides
+        (timelines are fetched only then: the engine keeps the last one)."""
+        if detail == "flagged" and not (self.failed or self.warned or self.suspects or self.said):
+            detail = ""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said)
         if self.measurement is None:
@@ -190,6 +194,9 @@ class TestRun:
         each point the min and max of own and total bytes over its span),
         the marks and phases on it, where the own peak fell and the line
         that reached it, and the leak report."""
+        meter = self.measurement.meters.get(device)
+        if figures.timeline is None and getattr(meter, "timeline", False):
+            figures.timeline = meter.timeline_points(self.measurement.DETAIL_POINTS)
         seq0, last, points = figures.timeline or (0, 0, [])
         marks = [{"label": m.label, "kind": m.kind, "at": m.seq[device] - seq0}
                  for m in self.measurement.timeline_marks(device)]
