@@ -37,7 +37,7 @@ def test_step(memlab, n):
 '''
 
 
-def run_suite(folder: str, n: int) -> tuple[str, str, float]:
+def run_suite(folder: str, n: int, details: str = "flagged") -> tuple[str, str, float]:
     with open(os.path.join(folder, "test_many.py"), "w") as f:
         f.write(SUITE.replace("{n}", str(n)))
     with open(os.path.join(folder, "pytest.ini"), "w") as f:
@@ -46,7 +46,8 @@ def run_suite(folder: str, n: int) -> tuple[str, str, float]:
     env = {**os.environ, "MEMLAB_CORE": os.environ.get("MEMLAB_CORE", "bridge")}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", f"--memlab-report=json:{js},html:{html}",
-                           "-p", "no:memray"], cwd=folder, env=env, capture_output=True, text=True)
+                           f"--memlab-details={details}", "-p", "no:memray"], cwd=folder, env=env,
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"the suite failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
     return html, js, time.perf_counter() - t0
@@ -74,23 +75,31 @@ def main() -> None:
                     None)
     rows = []
     with tempfile.TemporaryDirectory() as big, tempfile.TemporaryDirectory() as small:
-        for label, folder, n in ((f"{args.tests} tests", big, args.tests), ("1 test", small, 1)):
-            html, js, run_s = run_suite(folder, n)
+        cases = [(f"{args.tests} tests (default: details of flagged tests)", big, args.tests, "flagged"),
+                 (f"{args.tests} tests, --memlab-details=all", big, args.tests, "all"),
+                 ("1 test, --memlab-details=all", small, 1, "all")]
+        for label, folder, n, details in cases:
+            html, js, run_s = run_suite(folder, n, details)
             ready = wall = None
             if chromium:
                 ready_ms(chromium, html, os.path.join(folder, "profile"))    # warm the browser's caches
                 measured = [ready_ms(chromium, html, os.path.join(folder, "profile")) for _ in range(args.rounds)]
                 ready = statistics.median(m[0] for m in measured)
                 wall = statistics.median(m[1] for m in measured)
-            rows.append((label, os.path.getsize(html), os.path.getsize(js), run_s, ready, wall))
+            import json
+
+            per_test = statistics.median(len(json.dumps(t, indent=2)) for t in json.load(open(js))["tests"])
+            rows.append((label, os.path.getsize(html), os.path.getsize(js), per_test, run_s, ready, wall))
     import platform
 
     lines = [f"Reports of a suite of trivial-but-marked tests (8 kept and 16 passing allocations, one mark each); "
              f"Python {platform.python_version()}; Chromium headless, median of {args.rounds} loads", "",
-             "| report of | HTML size | JSON size | suite run (s) | page ready (ms, from navigation start) | "
-             "browser process (ms) |", "| --- | --- | --- | --- | --- | --- |"]
-    for label, html_size, json_size, run_s, ready, wall in rows:
-        lines.append(f"| {label} | {html_size / 2**20:.2f} MiB | {json_size / 2**20:.2f} MiB | {run_s:.1f} | "
+             "| report of | HTML size | JSON size | JSON per test, median (target <= 4 KiB) | suite run (s) | "
+             "page ready (ms, from navigation start; target <= 2000) | browser process (ms) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for label, html_size, json_size, per_test, run_s, ready, wall in rows:
+        lines.append(f"| {label} | {html_size / 2**20:.2f} MiB | {json_size / 2**20:.2f} MiB | "
+                     f"{per_test / 1024:.1f} KiB | {run_s:.1f} | "
                      f"{'-' if ready is None else f'{ready:.0f}'} | {'-' if wall is None else f'{wall:.0f}'} |")
     table = "\n".join(lines)
     print(table)

@@ -18,6 +18,11 @@ Device_new(int slot)
         free(d);
         return NULL;
     }
+    if (Ledger_init(&d->watch, 64) < 0) {
+        Ledger_fini(&d->ledger);
+        free(d);
+        return NULL;
+    }
     Spinlock_init(&d->lock);
     ScopeStack_init(&d->stack);
     d->reports_totals = slot != ENGINE_SLOT_CPU;
@@ -33,6 +38,7 @@ Device_free(Device *d)
         return;
     ScopeStack_fini(&d->stack);
     Ledger_fini(&d->ledger);
+    Ledger_fini(&d->watch);
     Timeline_fini(&d->timeline);
     AllocLog_fini(&d->alloc_log);
     free(d);
@@ -148,10 +154,20 @@ Device_retire(Device *d, Block *b)
     d->missed_frees++;
 }
 
+/* An allocation or a free heard at a watched address: the suspect's block
+ * that lived there is gone. */
+static inline void
+Device_unwatch_addr(Device *d, uintptr_t addr)
+{
+    if (d->watch.count != 0)
+        Ledger_remove(&d->watch, addr, NULL);
+}
+
 static void
 Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
              int source)
 {
+    Device_unwatch_addr(d, addr);
     Scope *top = ScopeStack_top(&d->stack);
     if (top == NULL)
         return;
@@ -198,6 +214,7 @@ static void
 Device_release(Device *d, uintptr_t addr, int source)
 {
     Block old;
+    Device_unwatch_addr(d, addr);
     if (d->ledger.count == 0 || !Ledger_remove(&d->ledger, addr, &old))
         return;
     if (!d->reports_totals || source == EVENT_TRACE)
@@ -387,17 +404,46 @@ Engine_alloc_log_take(Engine *self, int slot, uint32_t *n, uint64_t *dropped)
     return entries;
 }
 
-uint32_t
-Engine_block_scope(Engine *self, int slot, uintptr_t addr)
+int
+Engine_watch(Engine *self, int slot, const uintptr_t *addrs, size_t n)
+{
+    Device *d = Engine_device(self, slot, 1);
+    if (d == NULL)
+        return -1;
+    int ret = 0;
+    Spinlock_acquire(&d->lock);
+    for (size_t i = 0; i < n; i++) {
+        int created;
+        if (addrs[i] != 0 && Ledger_insert(&d->watch, addrs[i], &created) == NULL) {
+            ret = -1;
+            break;
+        }
+    }
+    Spinlock_release(&d->lock);
+    return ret;
+}
+
+int
+Engine_watched(Engine *self, int slot, uintptr_t addr)
 {
     Device *d = Engine_device(self, slot, 0);
     if (d == NULL)
         return 0;
     Spinlock_acquire(&d->lock);
-    const Block *b = Ledger_find(&d->ledger, addr);
-    uint32_t scope = b != NULL ? b->scope : 0;
+    int found = Ledger_find(&d->watch, addr) != NULL;
     Spinlock_release(&d->lock);
-    return scope;
+    return found;
+}
+
+void
+Engine_unwatch(Engine *self, int slot)
+{
+    Device *d = Engine_device(self, slot, 0);
+    if (d == NULL)
+        return;
+    Spinlock_acquire(&d->lock);
+    Ledger_clear(&d->watch);
+    Spinlock_release(&d->lock);
 }
 
 uint64_t

@@ -63,6 +63,7 @@ typedef uint32_t (*AttributeFn)(void *ctx, int slot, int64_t size,
 typedef struct Device {
     Spinlock lock;
     Ledger ledger;
+    Ledger watch;       /* leak suspects' addresses (Engine_watch) */
     ScopeStack stack;
     int reports_totals; /* CUDA: the allocator's totals are the truth */
     /* Written under the lock; read without it by the tracer (line peaks). */
@@ -139,11 +140,15 @@ int Engine_alloc_log_start(Engine *self, int slot, uint32_t id, uint32_t max);
 /* The latest log (the caller frees it); NULL when empty. */
 AllocEntry *Engine_alloc_log_take(Engine *self, int slot, uint32_t *n,
                                   uint64_t *dropped);
-/* The scope that allocated the block living at addr, 0 when none lives
- * there (or the device measures nothing now: the ledger is forgotten
- * then).  A leak suspect's address, asked during a later test: a block of
- * that test there means the suspect's block was freed meanwhile. */
-uint32_t Engine_block_scope(Engine *self, int slot, uintptr_t addr);
+/* Leak suspects' addresses, watched after their test's scope closed (the
+ * ledger forgets its blocks then): an address stays watched until an
+ * allocation or a free is heard there (the suspect's block is gone: freed,
+ * or freed unheard and reused).  -1 when out of memory. */
+int Engine_watch(Engine *self, int slot, const uintptr_t *addrs, size_t n);
+/* 1 while addr is watched. */
+int Engine_watched(Engine *self, int slot, uintptr_t addr);
+/* Forgets every watched address of the device. */
+void Engine_unwatch(Engine *self, int slot);
 /* The device's event number now: where a mark falls on a timeline. */
 uint64_t Engine_seq(Engine *self, int slot);
 /* Like Engine_seq, for a device whose timeline runs now; -1 when none does. */

@@ -370,18 +370,56 @@ error:
     return result;
 }
 
-/* block_scopes(slot, addrs) -> [scope id or 0]: one lookup per address,
- * for the leak suspects of tests whose scopes are closed. */
+/* watch(slot, addrs): leak suspects' addresses, watched until an
+ * allocation or a free is heard there. */
 static PyObject *
-engine_block_scopes(PyObject *Py_UNUSED(module), PyObject *args)
+engine_watch(PyObject *Py_UNUSED(module), PyObject *args)
 {
     int slot;
     PyObject *addrs, *seq = NULL, *result = NULL;
-    if (!PyArg_ParseTuple(args, "iO:block_scopes", &slot, &addrs))
+    uintptr_t *buf = NULL;
+    if (!PyArg_ParseTuple(args, "iO:watch", &slot, &addrs))
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    seq = PySequence_Fast(addrs, "block_scopes: addrs must be a sequence");
+    seq = PySequence_Fast(addrs, "watch: addrs must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    buf = malloc((n > 0 ? (size_t)n : 1) * sizeof(uintptr_t));
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long addr =
+            PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (addr == (unsigned long long)-1 && PyErr_Occurred())
+            goto error;
+        buf[i] = (uintptr_t)addr;
+    }
+    if (Engine_watch(M.engine, slot, buf, (size_t)n) < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    result = Py_NewRef(Py_None);
+error:
+    free(buf);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* watched(slot, addrs) -> [bool]: which are still watched. */
+static PyObject *
+engine_watched(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    PyObject *addrs, *seq = NULL, *result = NULL;
+    if (!PyArg_ParseTuple(args, "iO:watched", &slot, &addrs))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    seq = PySequence_Fast(addrs, "watched: addrs must be a sequence");
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -395,17 +433,24 @@ engine_block_scopes(PyObject *Py_UNUSED(module), PyObject *args)
             Py_CLEAR(result);
             goto error;
         }
-        PyObject *scope = PyLong_FromUnsignedLong(
-            Engine_block_scope(M.engine, slot, (uintptr_t)addr));
-        if (scope == NULL) {
-            Py_CLEAR(result);
-            goto error;
-        }
-        PyList_SET_ITEM(result, i, scope);
+        PyList_SET_ITEM(result, i,
+                        PyBool_FromLong(Engine_watched(M.engine, slot, (uintptr_t)addr)));
     }
 error:
     Py_DECREF(seq);
     return result;
+}
+
+static PyObject *
+engine_unwatch(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    long slot = PyLong_AsLong(arg);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    if (check_slot((int)slot) < 0)
+        return NULL;
+    Engine_unwatch(M.engine, (int)slot);
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -826,9 +871,13 @@ static PyMethodDef engine_methods[] = {
     {"alloc_log_take", engine_alloc_log_take, METH_O,
      "alloc_log_take(slot) -> ([(addr, size, time_us, site)], dropped): the "
      "latest log, emptied."},
-    {"block_scopes", engine_block_scopes, METH_VARARGS,
-     "block_scopes(slot, addrs) -> [the scope that allocated the block living "
-     "at each address, or 0]."},
+    {"watch", engine_watch, METH_VARARGS,
+     "watch(slot, addrs): leak suspects' addresses, watched until an "
+     "allocation or a free is heard there."},
+    {"watched", engine_watched, METH_VARARGS,
+     "watched(slot, addrs) -> [whether each is still watched]."},
+    {"unwatch", engine_unwatch, METH_O,
+     "unwatch(slot): forget the device's watched addresses."},
     {"seq", engine_seq, METH_O,
      "seq(slot) -> the device's event number now (where a mark falls)."},
     {"bridge_bind", bridge_bind, METH_VARARGS,

@@ -50,37 +50,34 @@ test_peak_of_32_and_16_mib_is_48(void **state)
     assert_int_equal(s.reserved_peak, -1);
 }
 
-/* Whose block lives at an address: the scope that allocated it, while the
- * device measures; a freed block's address reused by a later scope shows
- * that scope.  Nothing once the device measures nothing (the ledger is
- * forgotten then). */
+/* A leak suspect's addresses stay watched, across scopes and while
+ * nothing is measured, until an allocation or a free is heard there. */
 static void
-test_block_scope(void **state)
+test_watched_addresses(void **state)
 {
     Engine *e = *state;
-    uint32_t outer, first, second;
+    uint32_t first, second;
     Scope s;
-    assert_int_equal(Engine_begin(e, CPU, 0, -1, -1, &outer), 0);
     assert_int_equal(Engine_begin(e, CPU, 0, -1, -1, &first), 0);
     Engine_event(e, CPU, 0x1000, 4096, 0, 0, EVENT_REPORT);
     Engine_event(e, CPU, 0x2000, 4096, 0, 0, EVENT_REPORT);
     Engine_event(e, CPU, 0x3000, 4096, 0, 0, EVENT_REPORT);
     assert_int_equal(Engine_end(e, CPU, first, &s), 0);
     Scope_fini(&s);
-    assert_int_equal(Engine_block_scope(e, CPU, 0x1000), first);
+    const uintptr_t suspects[] = {0x1000, 0x2000, 0x3000};
+    assert_int_equal(Engine_watch(e, CPU, suspects, 3), 0);
     assert_int_equal(Engine_begin(e, CPU, 0, -1, -1, &second), 0);
-    Engine_event(e, CPU, 0x2000, -4096, 0, 0, EVENT_REPORT);
-    Engine_event(e, CPU, 0x3000, -4096, 0, 0, EVENT_REPORT);
-    Engine_event(e, CPU, 0x3000, 512, 0, 0, EVENT_REPORT);
-    assert_int_equal(Engine_block_scope(e, CPU, 0x1000), first);
-    assert_int_equal(Engine_block_scope(e, CPU, 0x2000), 0);
-    assert_int_equal(Engine_block_scope(e, CPU, 0x3000), second);
-    assert_int_equal(Engine_block_scope(e, CUDA0, 0x1000), 0);   /* a device never used */
+    Engine_event(e, CPU, 0x2000, -4096, 0, 0, EVENT_REPORT);   /* freed, heard */
+    Engine_event(e, CPU, 0x3000, 512, 0, 0, EVENT_REPORT);     /* reused */
+    Engine_event(e, CPU, 0x3000, -512, 0, 0, EVENT_REPORT);
     assert_int_equal(Engine_end(e, CPU, second, &s), 0);
     Scope_fini(&s);
-    assert_int_equal(Engine_end(e, CPU, outer, &s), 0);
-    Scope_fini(&s);
-    assert_int_equal(Engine_block_scope(e, CPU, 0x1000), 0);
+    assert_int_equal(Engine_watched(e, CPU, 0x1000), 1);
+    assert_int_equal(Engine_watched(e, CPU, 0x2000), 0);
+    assert_int_equal(Engine_watched(e, CPU, 0x3000), 0);
+    assert_int_equal(Engine_watched(e, CUDA0, 0x1000), 0);   /* a device never used */
+    Engine_unwatch(e, CPU);
+    assert_int_equal(Engine_watched(e, CPU, 0x1000), 0);
 }
 
 static void
@@ -290,7 +287,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_peak_of_32_and_16_mib_is_48, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nesting_and_detached, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_block_scope, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_watched_addresses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_report_merge, setup, teardown),
         cmocka_unit_test_setup_teardown(test_depth_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),

@@ -158,10 +158,14 @@ class MemlabPlugin:
                 allowed = self.verdicts.leak_allowances(run)
             except Exception as exc:  # memlab's trouble, never the test's
                 allowed, run.error = {}, f"the leak check failed: {type(exc).__name__}: {exc}"
-            run.end(item, allowed, self.options.top, self.session.suspects)
-            for device, blocks in run.suspects.items():
-                self.session.suspects.add(item.nodeid, device, blocks, allowed[device],
-                                          (str(item.path), item.location[1] + 1))
+            run.end(item, allowed, self.options.top)
+            try:
+                for device, blocks in run.suspects.items():
+                    self.session.suspects.add(item.nodeid, device, blocks, allowed[device],
+                                              (str(item.path), item.location[1] + 1))
+            except Exception as exc:  # memlab's trouble, never the test's
+                run.suspects = {}
+                run.error = run.error or f"the leak check failed: {type(exc).__name__}: {exc}"
             if run.measurement.trace_note:
                 self.session.trace_notes.add(run.measurement.trace_note)
             if self.options.snapshot is not None:

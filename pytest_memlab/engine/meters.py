@@ -15,6 +15,24 @@ from .attribution import Attribution, LineStat
 from .backend import BRIDGE, COUNTERS, Core
 from .slots import slot_of
 
+class Watch:
+    """Leak suspects' addresses on one device, watched by the engine until
+    an allocation or a free is heard there (then the suspect's block is
+    gone, whether or not memlab heard it go)."""
+
+    def __init__(self, device: str):
+        self.slot = slot_of(device)
+
+    def add(self, addrs: list) -> None:
+        engine.watch(self.slot, addrs)
+
+    def still(self, addrs: list) -> list:
+        return engine.watched(self.slot, addrs)
+
+    def clear(self) -> None:
+        engine.unwatch(self.slot)
+
+
 # Allocation log entries kept per test and device (--memlab-snapshot); past
 # it entries are counted, not kept.
 ALLOC_LOG_MAX = 1 << 20
@@ -100,10 +118,6 @@ class EngineMeter:
     def live(self) -> int:
         """Bytes of blocks allocated in this scope and still allocated."""
         return engine.live(self.slot, self.scope_id)
-
-    def scopes_at(self, addrs: list) -> list:
-        """The scope whose block lives at each address now, or 0."""
-        return engine.block_scopes(self.slot, addrs)
 
     def live_blocks(self) -> list:
         """(addr, size, scope, site) of this scope's blocks still allocated."""

@@ -11,10 +11,11 @@ a suspect's block then is a leak (or a cache: :mod:`pytest_memlab.judging`
 tells which); what the collector freed meanwhile is not.
 
 memlab hears frees only while it measures, so a suspect's block may have
-been freed unheard between tests, and its address reused.  Two guards: a
-block whose address a later measured test holds (the engine's ledger says
-so at that test's end) is dropped; at the end, bytes no Python tensor owns
-count only where a tensor of the same test retains an autograd graph.
+been freed unheard between tests, and its address reused.  Two guards: the
+engine watches the suspects' addresses, and a block at whose address an
+allocation or a free was heard since is dropped; at the end, bytes no
+Python tensor owns count only where a tensor of the same test retains an
+autograd graph.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..engine.meters import EngineMeter
+from ..engine.meters import Watch
 
 
 @dataclass
@@ -38,8 +39,7 @@ class Suspect:
 @dataclass
 class LeakSuspects:
     pending: list[Suspect] = field(default_factory=list)
-    # device -> addr -> the suspect whose block lives there
-    _addrs: dict = field(default_factory=dict)
+    _watches: dict = field(default_factory=dict)   # device -> Watch
 
     def __bool__(self) -> bool:
         return bool(self.pending)
@@ -47,22 +47,17 @@ class LeakSuspects:
     def add(self, nodeid: str, device: str, blocks: list, allowed: int, location: tuple = ()) -> None:
         suspect = Suspect(nodeid, device, list(blocks), allowed, location, len(self.pending))
         self.pending.append(suspect)
-        by_addr = self._addrs.setdefault(device, {})
-        for block in suspect.blocks:
-            by_addr[block[0]] = suspect
+        watch = self._watches.get(device)
+        if watch is None:
+            watch = self._watches[device] = Watch(device)
+        watch.add([b[0] for b in suspect.blocks])
 
-    def forget_reused(self, measurement) -> None:
-        """At a later measured test's end, before its scope closes: a
-        suspect's address that now holds this test's block was freed."""
-        for device, by_addr in self._addrs.items():
-            meter = measurement.meters.get(device)
-            if not by_addr or not isinstance(meter, EngineMeter):
-                continue
-            addrs = list(by_addr)
-            for addr, scope in zip(addrs, meter.scopes_at(addrs)):
-                if scope:
-                    suspect = by_addr.pop(addr)
-                    suspect.blocks = [b for b in suspect.blocks if b[0] != addr]
+    def _drop_gone(self) -> None:
+        """Each suspect keeps the blocks whose address is still watched."""
+        for suspect in self.pending:
+            watch = self._watches[suspect.device]
+            still = watch.still([b[0] for b in suspect.blocks])
+            suspect.blocks = [b for b, kept in zip(suspect.blocks, still) if kept]
 
     def confirm(self, core, seconds: float) -> list:
         """[(suspect, Leak)] for every suspect, after one settling: the
@@ -70,8 +65,11 @@ class LeakSuspects:
         from .leak_search import find_many, released_by_pytest, settle
 
         started = time.perf_counter()
+        self._drop_gone()
         suspects = [s for s in self.pending if s.blocks]
-        self.pending, self._addrs = [], {}
+        for watch in self._watches.values():
+            watch.clear()
+        self.pending, self._watches = [], {}
         if not suspects:
             return []
         devices = sorted({s.device for s in suspects})

@@ -127,15 +127,13 @@ class TestRun:
             self.repeating = False
 
     # -- closing -------------------------------------------------------------------
-    def end(self, item, allowed: dict[str, int], top: int, suspects) -> None:
+    def end(self, item, allowed: dict[str, int], top: int) -> None:
         """After teardown: the leak check for the allowed devices (device ->
         bytes allowed; those under the warn policy may be left to the
-        session's batch, suspects), then the final figures.  memlab's
+        session's batch as suspects), then the final figures.  memlab's
         trouble is kept in error, never raised into the test."""
         measurement = self.measurement
         try:
-            if suspects:
-                suspects.forget_reused(measurement)
             if allowed:
                 deferred = frozenset(d for d in allowed if self.leak_policy.get(d) == "warn")
                 self.leaks, self.suspects = measurement.check_leaks(allowed, top, item, deferred)
