@@ -278,6 +278,11 @@ def pytest_unconfigure(config):
 """
 
 CYCLES_CACHES_LEAKS = """
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # what --memlab measures an unmarked test on
+
+def dev_bytes(n):
+    return torch.empty(n, dtype=torch.uint8, device=DEV)
+
 class Node:
     pass
 
@@ -286,14 +291,14 @@ _GROWS = []      # a leak: every test that uses it appends
 
 def constant(dtype):
     if dtype not in _TABLE:
-        _TABLE[dtype] = torch.ones(1024, dtype=dtype)
+        _TABLE[dtype] = torch.ones(1024, dtype=dtype, device=DEV)
     return _TABLE[dtype]
 
 @pytest.mark.parametrize("i", range(20))
 def test_cycle(i):
     n = Node()
     n.me = n
-    n.t = cpu_bytes(32 * KiB)       # freed only by the cyclic collector
+    n.t = dev_bytes(32 * KiB)       # freed only by the cyclic collector
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float32, torch.float64, torch.float32])
 def test_uses_the_cache(dtype):
@@ -301,7 +306,7 @@ def test_uses_the_cache(dtype):
 
 @pytest.mark.parametrize("i", range(2))
 def test_grows(i):
-    _GROWS.append(cpu_bytes(8 * KiB))
+    _GROWS.append(dev_bytes(8 * KiB))
 """
 
 
@@ -321,22 +326,25 @@ def test_unmarked_suspects_are_confirmed_once_at_the_end(inner):
     plain = inner.runpytest_subprocess("-p", "no:randomly", "-s", "-p", "no:memlab").stdout.str()
     unmeasured = int(plain.split("full collections: ")[1].split()[0])
     assert full <= unmeasured + 1, out     # the end's one: one per test (20 more) before
+    import torch
+
+    dev = "cuda:0" if torch.cuda.is_available() else "cpu"
     result.stdout.fnmatch_lines([
-        "*MemlabLeakWarning: cpu leaked 8.0 KiB after teardown (allowed 0 B) in test_inner.py::test_grows[[]0[]],"
+        f"*MemlabLeakWarning: {dev} leaked 8.0 KiB after teardown (allowed 0 B) in test_inner.py::test_grows[[]0[]],"
         " confirmed at the session's end",
         "*held by: module test_inner, global _GROWS[[]0[]]",
-        "*MemlabLeakWarning: cpu leaked 8.0 KiB after teardown (allowed 0 B) in test_inner.py::test_grows[[]1[]],*",
-        "*2 tests left tensors allocated after teardown (cpu leaks); see the warnings above",
-        "cpu cache: 12.0 KiB kept by module test_inner, global _TABLE, filled by "
+        f"*MemlabLeakWarning: {dev} leaked 8.0 KiB after teardown (allowed 0 B) in test_inner.py::test_grows[[]1[]],*",
+        f"*2 tests left tensors allocated after teardown ({dev} leaks); see the warnings above",
+        f"{dev} cache: 12.0 KiB kept by module test_inner, global _TABLE, filled by "
         "test_inner.py::test_uses_the_cache[[]dtype0[]] (and 1 later test adding keys of their own)",
     ])
     assert "test_cycle" not in out.split("warnings summary")[-1]
     report = json.loads((inner.path / "r.json").read_text())
-    leaked = {t["nodeid"].split("::")[1]: t["devices"]["cpu"]["leaked"] for t in report["tests"]}
+    leaked = {t["nodeid"].split("::")[1]: t["devices"][dev]["leaked"] for t in report["tests"]}
     assert all(leaked[f"test_cycle[{i}]"] == 0 for i in range(20))
     assert leaked["test_grows[0]"] == leaked["test_grows[1]"] == 8 * 1024
     assert all(n == 0 for name, n in leaked.items() if name.startswith("test_uses_the_cache"))  # a cache, not a leak
-    assert report["caches"] == [{"device": "cpu", "holder": "module test_inner, global _TABLE", "bytes": 12288,
+    assert report["caches"] == [{"device": dev, "holder": "module test_inner, global _TABLE", "bytes": 12288,
                                  "tests": ["test_inner.py::test_uses_the_cache[dtype0]",
                                            "test_inner.py::test_uses_the_cache[dtype1]"]}]
 
@@ -348,10 +356,10 @@ def test_suspects_under_xdist_and_warnings_as_errors(inner):
     result.assert_outcomes(passed=27)
     assert result.ret == 0
     result.stdout.fnmatch_lines([
-        "*test_grows[[]0[]]: cpu leaked 8.0 KiB after teardown (allowed 0 B) (its MemlabLeakWarning was raised "
+        "*test_grows[[]0[]]: * leaked 8.0 KiB after teardown (allowed 0 B) (its MemlabLeakWarning was raised "
         "as an error by the warnings filter)",
-        "*test_grows[[]1[]]: cpu leaked 8.0 KiB after teardown*raised as an error by the warnings filter)",
-        "cpu cache: * kept by module test_inner, global _TABLE, filled by *",
+        "*test_grows[[]1[]]: * leaked 8.0 KiB after teardown*raised as an error by the warnings filter)",
+        "* cache: * kept by module test_inner, global _TABLE, filled by *",
     ])
     assert "test_cycle" not in result.stdout.str().split("= memlab =")[-1]
 
@@ -364,10 +372,10 @@ def test_a_warned_leak_under_warnings_as_errors_is_said_plainly(inner):
 def cache():
     return []
 
-def test_grows(cache):
-    cache.append(cpu_bytes(4 * KiB))
+def test_grows(cache):   # on the device --memlab measures an unmarked test on
+    cache.append(torch.empty(4 * KiB, dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu"))
 """, "--memlab", "--memlab-leak-repeat=2", "-W", "error::pytest_memlab.MemlabLeakWarning")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["test_inner.py::test_grows: cpu kept 4.0 KiB more after every repetition*"
+    result.stdout.fnmatch_lines(["test_inner.py::test_grows: * kept 4.0 KiB more after every repetition*"
                                  "(its MemlabLeakWarning was raised as an error by the warnings filter)"])
     assert "judging failed" not in result.stdout.str()

@@ -537,6 +537,7 @@ def test_details_by_default_only_for_the_tests_memlab_flagged(inner):
     inner.makepyfile(test_d="""
 import pytest, torch
 
+@pytest.mark.cpu_memory
 def test_passes():
     x = torch.empty(2**20, dtype=torch.uint8)
 
