@@ -136,7 +136,9 @@ def find_many(core, device: str, groups: list, started: float | None = None,
     ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
         | {id(v) for v in found.values()} | set(ignore_ids)
     released: dict[int, int] = {}   # block addr -> bytes of excused tensors
-    named = holders_of([t for _, t in found.values()], ignore, deadline, grads)
+    # A batch names one holder per tensor: each further path costs the search
+    # a walk of the whole heap per level, for every tensor at once.
+    named = holders_of([t for _, t in found.values()], ignore, deadline, grads, limit=1 if deferred else 2)
     if time.perf_counter() > deadline:
         for leak in leaks:
             leak.note = f"holders searched for {seconds:.0f} s; paths longer than that search are not named"
