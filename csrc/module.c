@@ -370,43 +370,54 @@ error:
     return result;
 }
 
+/* (slot, addrs) -> the slot and a malloc'd array of *n addresses (NULL with
+ * an exception set): the arguments of watch and watched. */
+static uintptr_t *
+parse_slot_addrs(PyObject *args, const char *format, int *slot, Py_ssize_t *n)
+{
+    PyObject *addrs, *seq;
+    uintptr_t *buf = NULL;
+    if (!PyArg_ParseTuple(args, format, slot, &addrs) || check_slot(*slot) < 0)
+        return NULL;
+    seq = PySequence_Fast(addrs, "addrs must be a sequence of addresses");
+    if (seq == NULL)
+        return NULL;
+    *n = PySequence_Fast_GET_SIZE(seq);
+    buf = malloc((*n > 0 ? (size_t)*n : 1) * sizeof(uintptr_t));
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        unsigned long long addr =
+            PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (addr == (unsigned long long)-1 && PyErr_Occurred()) {
+            free(buf);
+            buf = NULL;
+            goto error;
+        }
+        buf[i] = (uintptr_t)addr;
+    }
+error:
+    Py_DECREF(seq);
+    return buf;
+}
+
 /* watch(slot, addrs): leak suspects' addresses, watched until an
  * allocation or a free is heard there. */
 static PyObject *
 engine_watch(PyObject *Py_UNUSED(module), PyObject *args)
 {
     int slot;
-    PyObject *addrs, *seq = NULL, *result = NULL;
-    uintptr_t *buf = NULL;
-    if (!PyArg_ParseTuple(args, "iO:watch", &slot, &addrs))
+    Py_ssize_t n;
+    uintptr_t *addrs = parse_slot_addrs(args, "iO:watch", &slot, &n);
+    if (addrs == NULL)
         return NULL;
-    if (check_slot(slot) < 0)
-        return NULL;
-    seq = PySequence_Fast(addrs, "watch: addrs must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    buf = malloc((n > 0 ? (size_t)n : 1) * sizeof(uintptr_t));
-    if (buf == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long addr =
-            PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (addr == (unsigned long long)-1 && PyErr_Occurred())
-            goto error;
-        buf[i] = (uintptr_t)addr;
-    }
-    if (Engine_watch(M.engine, slot, buf, (size_t)n) < 0) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    result = Py_NewRef(Py_None);
-error:
-    free(buf);
-    Py_DECREF(seq);
-    return result;
+    int rc = Engine_watch(M.engine, slot, addrs, (size_t)n);
+    free(addrs);
+    if (rc < 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
 }
 
 /* watched(slot, addrs) -> [bool]: which are still watched. */
@@ -414,30 +425,14 @@ static PyObject *
 engine_watched(PyObject *Py_UNUSED(module), PyObject *args)
 {
     int slot;
-    PyObject *addrs, *seq = NULL, *result = NULL;
-    if (!PyArg_ParseTuple(args, "iO:watched", &slot, &addrs))
+    Py_ssize_t n;
+    uintptr_t *addrs = parse_slot_addrs(args, "iO:watched", &slot, &n);
+    if (addrs == NULL)
         return NULL;
-    if (check_slot(slot) < 0)
-        return NULL;
-    seq = PySequence_Fast(addrs, "watched: addrs must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    result = PyList_New(n);
-    if (result == NULL)
-        goto error;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long addr =
-            PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (addr == (unsigned long long)-1 && PyErr_Occurred()) {
-            Py_CLEAR(result);
-            goto error;
-        }
-        PyList_SET_ITEM(result, i,
-                        PyBool_FromLong(Engine_watched(M.engine, slot, (uintptr_t)addr)));
-    }
-error:
-    Py_DECREF(seq);
+    PyObject *result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++)
+        PyList_SET_ITEM(result, i, PyBool_FromLong(Engine_watched(M.engine, slot, addrs[i])));
+    free(addrs);
     return result;
 }
 
