@@ -205,13 +205,13 @@ def add_options(parser) -> None:
              "set before CUDA starts; write --memlab-gpus-per-worker=N (ini: memlab_gpus_per_worker)",
     )
     parser.addini("memlab_baseline", default="", help="as --memlab-baseline (relative to the rootdir)")
-    parser.addini("memlab_update_baseline", type="bool", default=False, help="as --memlab-update-baseline")
-    parser.addini("memlab_prune_baseline", type="bool", default=False, help="as --memlab-prune-baseline")
+    parser.addini("memlab_update_baseline", default="false", help="as --memlab-update-baseline")
+    parser.addini("memlab_prune_baseline", default="false", help="as --memlab-prune-baseline")
     parser.addini("memlab_tolerance", default=DEFAULT_TOLERANCE, help="as --memlab-tolerance")
-    parser.addini("memlab_fail_on_improvement", type="bool", default=False, help="as --memlab-fail-on-improvement")
+    parser.addini("memlab_fail_on_improvement", default="false", help="as --memlab-fail-on-improvement")
     parser.addini("memlab_baseline_env", default="", help="as --memlab-baseline-env")
     parser.addini("memlab_gpus_per_worker", default="", help="as --memlab-gpus-per-worker (a number)")
-    parser.addini("memlab", type="bool", default=False, help="measure every test, marked or not")
+    parser.addini("memlab", default="false", help="measure every test, marked or not")
     parser.addini("memlab_leak_repeat", default="0", help="as --memlab-leak-repeat")
     parser.addini("memlab_leaks", default="warn", help="as --memlab-leaks")
     parser.addini("memlab_top", default="5", help="as --memlab-top")
@@ -221,12 +221,48 @@ def add_options(parser) -> None:
     parser.addini("memlab_html", default="", help="as --memlab-html (relative to the rootdir)")
     parser.addini("memlab_details", default="flagged", help="as --memlab-details")
     parser.addini("memlab_snapshot", default="", help="as --memlab-snapshot (relative to the rootdir)")
-    parser.addini("memlab_require_cuda", type="bool", default=False, help="as --memlab-require-cuda")
+    parser.addini("memlab_require_cuda", default="false", help="as --memlab-require-cuda")
 
 
 def _option(config, name: str, ini: str):
     value = config.getoption(name)
     return config.getini(ini) if value is None else value
+
+
+_TRUE = ("1", "true", "yes", "y", "on", "t")
+_FALSE = ("0", "false", "no", "n", "off", "f", "")
+
+
+def _flag(config, name: str) -> bool:
+    """A flag and its ini twin (same name).  The ini is read here rather
+    than as pytest's type="bool", whose error for a bad value names no
+    key: this one does."""
+    value = config.getoption(name)
+    if value is not None:
+        return bool(value)
+    text = str(config.getini(name)).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    import pytest
+
+    raise pytest.UsageError(f"ini {name}: invalid truth value {text!r} (expected true or false)")
+
+
+def _refuse_one_file_twice(report, baseline) -> None:
+    """The JSON report, the HTML report and the baseline are different
+    files: a report written over the baseline would destroy it."""
+    import pytest
+
+    named = [(f"the {part[:4].upper()} report", part[5:]) for part in report or () if part[:5] in ("json:", "html:")]
+    if baseline is not None:
+        named.append(("the baseline", str(baseline)))
+    seen: dict = {}
+    for what, path in named:
+        key = os.path.realpath(path)
+        if key in seen and seen[key][0] != what:
+            raise pytest.UsageError(f"pytest-memlab: {seen[key][0]} and {what} name the same file ({path}): "
+                                    "give each its own")
+        seen.setdefault(key, (what, path))
 
 
 @dataclass(frozen=True)
@@ -298,8 +334,8 @@ class Options:
             shown = Path(os.path.relpath(baseline))   # as short as the shell would name it
             if not str(shown).startswith(".."):
                 baseline = shown
-        update = bool(_option(config, "memlab_update_baseline", "memlab_update_baseline"))
-        prune = bool(_option(config, "memlab_prune_baseline", "memlab_prune_baseline"))
+        update = _flag(config, "memlab_update_baseline")
+        prune = _flag(config, "memlab_prune_baseline")
         if (update or prune) and baseline is None:
             flag = "--memlab-update-baseline" if update else "--memlab-prune-baseline"
             raise pytest.UsageError(f"{flag} needs the file to write: add --memlab-baseline=PATH")
@@ -341,6 +377,7 @@ class Options:
             snapshot = str(config.rootpath / config.getini("memlab_snapshot").strip())
         if snapshot is not None and not snapshot.strip():
             raise pytest.UsageError("--memlab-snapshot names no folder (write --memlab-snapshot=DIR)")
+        _refuse_one_file_twice(report, baseline)
         return cls(
             snapshot=Path(snapshot) if snapshot is not None else None,
             details=details,
@@ -348,15 +385,15 @@ class Options:
             update_baseline=update,
             prune_baseline=prune,
             tolerance=tol,
-            fail_on_improvement=bool(_option(config, "memlab_fail_on_improvement", "memlab_fail_on_improvement")),
+            fail_on_improvement=_flag(config, "memlab_fail_on_improvement"),
             baseline_env=env,
             gpus_per_worker=gpus,
             leaks=leaks,
             leak_repeat=leak_repeat,
             report=report,
-            measure_all=bool(_option(config, "memlab", "memlab")) or bool(report) or baseline is not None
+            measure_all=_flag(config, "memlab") or bool(report) or baseline is not None
             or snapshot is not None,
-            require_cuda=bool(_option(config, "memlab_require_cuda", "memlab_require_cuda")),
+            require_cuda=_flag(config, "memlab_require_cuda"),
             top=top,
             include=tuple(config.getoption("memlab_include") or config.getini("memlab_include")),
         )

@@ -69,21 +69,22 @@ class MemlabPlugin:
         self.current: Measurement | None = None   # its measurement until teardown ends
 
     # -- collection -----------------------------------------------------------
-    @pytest.hookimpl(hookwrapper=True)
+    @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector):
         """A bad marker is a collection error of its module that names the
         test and the value: the same with and without pytest-xdist.  (Only
         checked here; the specs are read in pytest_collection_modifyitems,
-        after hooks that add markers.)"""
-        outcome = yield
-        report = outcome.get_result()
+        after hooks that add markers.)  A new-style wrapper: what collection
+        raises (Ctrl-C) passes through it as through no plugin at all."""
+        report = yield
         if not report.passed:
-            return
+            return report
         errors = bad_markers(report.result)
         if errors:
             report.outcome = "failed"
             report.longrepr = "pytest-memlab: bad memory marker\n  " + "\n  ".join(errors)
             report.result = []
+        return report
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
@@ -107,7 +108,7 @@ class MemlabPlugin:
     def pytest_runtest_setup(self, item):
         specs = item.stash.get(SPECS, None)
         if specs:
-            run = TestRun(specs, nodeid=item.nodeid)
+            run = TestRun(specs, nodeid=item.nodeid, location=(str(item.path), item.location[1] + 1))
             self._running = (item, run)
             required = run.begin(core, self.options, self.session)
             self.current = run.measurement
@@ -161,8 +162,7 @@ class MemlabPlugin:
             run.end(item, allowed, self.options.top)
             try:
                 for device, blocks in run.suspects.items():
-                    self.session.suspects.add(item.nodeid, device, blocks, allowed[device],
-                                              (str(item.path), item.location[1] + 1))
+                    self.session.suspects.add(item.nodeid, device, blocks, allowed[device], run.location)
             except Exception as exc:  # memlab's trouble, never the test's
                 run.suspects = {}
                 run.error = run.error or f"the leak check failed: {type(exc).__name__}: {exc}"

@@ -78,6 +78,8 @@ class Baseline:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise bad(f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        except RecursionError:
+            raise bad("nested too deeply to be read (not a baseline: a baseline is three objects deep)") from None
         if not isinstance(data, dict):
             raise bad(f"expected a JSON object at the top, found {type(data).__name__}")
         if data.get("format") != FORMAT:

@@ -136,8 +136,9 @@ class Verdicts:
         """A MemlabLeakWarning; where the warnings filter makes it an error
         (filterwarnings = error), the test keeps its outcome and memlab's
         summary says plainly what was found (run.said)."""
-        try:
-            warnings.warn(MemlabLeakWarning(text), stacklevel=1)
+        try:   # pointing at the test, not at memlab
+            warnings.warn_explicit(MemlabLeakWarning(text), MemlabLeakWarning, run.location[0] or run.nodeid,
+                                   run.location[1])
         except Warning:
             run.said.append(f"{run.nodeid}: {text.splitlines()[0]} (its MemlabLeakWarning was raised as an "
                             "error by the warnings filter)")

@@ -31,6 +31,7 @@ class TestRun:
 
     specs: list
     nodeid: str = ""
+    location: tuple = ("", 0)             # the test function's file and line: where its warnings point
     measurement: Measurement | None = None
     devices: list = field(default_factory=list)   # (spec, concrete device)
     fixtures: int = 0                     # fixtures set up while measuring

@@ -66,7 +66,7 @@ _SCRIPT = r"""
     ['own peak', function (r) { return r.d.peak; }, size],
     ['total peak', function (r) { return r.d.peak_total; }, size],
     ['reserved peak', function (r) { return r.d.reserved_peak; }, size],
-    ['max use', use, function (v) { return v === null ? '' : (100 * v).toFixed(0) + '%'; }],
+    ['max use', use, function (v) { return v === null ? '' : Math.floor(100 * v + 0.5) + '%'; }],
     ['leaked', function (r) { return r.d.leaked; }, size],
     ['vs baseline', change, function (v) {
       return v === null ? '' : typeof v === 'string' ? v : (v >= 0 ? '+' : '') + (100 * v).toFixed(1) + '%';
@@ -241,8 +241,10 @@ _SCRIPT = r"""
 
 def render(results: dict, environment: dict, backend: str, caches: list = ()) -> str:
     report = json_report.build(results, environment, backend, caches)
-    # Inside <script>, only "</" could end the element early.
-    payload = json.dumps(report, separators=(",", ":"), sort_keys=True).replace("</", "<\\/")
+    # Inside a <script> data block, "</" could end the element early, and
+    # "<!--" followed by "<script" would make the parser swallow the page's
+    # next script: JSON's \u003c escape says the same to JSON.parse.
+    payload = json.dumps(report, separators=(",", ":"), sort_keys=True).replace("<", "\\u003c")
     env = ", ".join(f"{k} {v}" for k, v in sorted(environment.items()) if v)
     s = report["summary"]
     headers = "".join(f"<th>{h}</th>" for h in ("test", "outcome", "own peak", "total peak", "reserved peak",

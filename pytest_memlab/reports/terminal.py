@@ -30,6 +30,16 @@ def _middle_cut(text: str, width: int) -> str:
     return text[:head] + "..." + text[len(text) - (keep - head):]
 
 
+def use_text(peak, budget) -> str:
+    """The share of max used, in whole percent rounded half up (as the HTML
+    report rounds it): 12.5% is 13%."""
+    if budget is None:
+        return "-"
+    if not budget or peak is None:
+        return "inf"
+    return f"{(200 * peak + budget) // (2 * budget)}%"
+
+
 def _worst_first(rd) -> tuple:
     r, d = rd
     use = d.peak / d.max if d.max and d.peak is not None else -1.0
@@ -90,7 +100,7 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     cells = [header]
     for r, d in shown:
         budget = d.max
-        use = f"{100 * d.peak / budget:.0f}%" if budget and d.peak is not None else ("-" if budget is None else "inf")
+        use = use_text(d.peak, budget)
         cells.append((
             r.nodeid, d.device, format_size(d.peak), format_size(d.peak_total),
             format_size(d.reserved_peak) if d.reserved_peak is not None else "-",

@@ -113,6 +113,8 @@ class MemlabSession:
 
     # -- at the end ---------------------------------------------------------------
     def finish(self, session, top: int) -> None:
+        if self.config.option.collectonly:
+            return   # no test ran: nothing to confirm, compare, or write over earlier reports
         try:
             self._confirm_suspects(top)
         except Exception as exc:   # memlab's trouble: said, never the session's end

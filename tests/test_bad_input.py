@@ -1,0 +1,125 @@
+"""Bad input and faults, each kept by a test that failed before its fix
+(issue 20): the HTML report's script data, a baseline nested too deeply,
+Ctrl-C during collection, a bad bool ini value, two outputs naming one
+file, --collect-only with reports, where a leak warning points, and one
+rounding of a budget's use."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import line_no, requires_torch
+from test_reports import CHROMIUM
+
+
+@requires_torch
+def test_script_markup_in_a_test_id_or_line_leaves_the_html_report_whole(inner, tmp_path):
+    inner.makepyfile(test_markup="""
+import pytest, torch
+
+@pytest.mark.parametrize("tag", ["<!--<script>", "</script><b>"])
+@pytest.mark.cpu_memory(max="1K")
+def test_page(tag):
+    page = torch.empty(4096)  # parse "<!--<script>" blocks
+""")
+    result = inner.runpytest_inprocess("--memlab-html=r.html", "--memlab-details=all")
+    result.assert_outcomes(failed=2)
+    page = (inner.path / "r.html").read_text()
+    data = page.split('<script id="memlab-data" type="application/json">')[1].split("</script>")[0]
+    assert "<" not in data                       # nothing the HTML parser could read as markup
+    report = json.loads(data)                    # and still the same JSON
+    assert any("<!--<script>" in t["nodeid"] for t in report["tests"])
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (ci/install installs Debian's chromium)")
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (inner.path / "r.html").as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert "data-errors" not in dom.stdout.split("<body", 1)[0]
+    assert '<span id="count">2 of 2 shown</span>' in dom.stdout   # the rows rendered
+
+
+def test_a_baseline_nested_too_deeply_is_a_usage_error_naming_the_file(inner):
+    inner.makepyfile(test_a="def test_a(): pass")
+    (inner.path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    result = inner.runpytest_inprocess("--memlab-baseline=deep.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*baseline deep.json: nested too deeply to be read*the file was left as it is*"])
+    merged = subprocess.run([sys.executable, "-m", "pytest_memlab", "merge", str(inner.path / "out.json"),
+                             str(inner.path / "deep.json")], capture_output=True, text=True)
+    assert merged.returncode != 0 and "Traceback" not in merged.stderr
+    assert "nested too deeply" in merged.stderr and not (inner.path / "out.json").exists()
+
+
+def test_ctrl_c_during_collection_does_not_blame_memlab(inner):
+    inner.makepyfile(test_stop="raise KeyboardInterrupt\n\ndef test_a(): pass\n")
+    result = inner.runpytest_subprocess("--memlab")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    out = result.stdout.str() + result.stderr.str()
+    assert "PluggyTeardownRaisedWarning" not in out and "memlab-manager" not in out
+
+
+def test_a_bad_bool_ini_value_names_its_key(inner):
+    inner.makepyfile(test_a="def test_a(): pass")
+    inner.makeini("[pytest]\naddopts = -p no:cacheprovider\nmemlab_require_cuda = maybe\n")
+    result = inner.runpytest_inprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini memlab_require_cuda: invalid truth value 'maybe' (expected true or false)*"])
+
+
+@pytest.mark.parametrize("args", [
+    ["--memlab-json=b.json", "--memlab-baseline=b.json"],
+    ["--memlab-html=same.out", "--memlab-json=./same.out"],
+])
+def test_two_outputs_naming_one_file_are_refused(inner, args):
+    inner.makepyfile(test_a="def test_a(): pass")
+    (inner.path / "b.json").write_text("kept\n")
+    result = inner.runpytest_inprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*pytest-memlab: the * and the * name the same file*give each its own*"])
+    assert (inner.path / "b.json").read_text() == "kept\n"
+
+
+@requires_torch
+def test_collect_only_writes_no_report_over_an_earlier_one(inner):
+    inner.makepyfile(test_a="import torch\ndef test_a():\n    torch.ones(16)\n")
+    inner.runpytest_inprocess("--memlab-json=r.json").assert_outcomes(passed=1)
+    before = (inner.path / "r.json").read_text()
+    assert json.loads(before)["summary"]["measured"] == 1
+    result = inner.runpytest_inprocess("--memlab-json=r.json", "--co", "-q")
+    assert result.ret == pytest.ExitCode.OK
+    assert (inner.path / "r.json").read_text() == before
+
+
+@requires_torch
+def test_a_leak_warning_points_at_the_test(inner):
+    inner.makepyfile(test_leak="""
+import pytest, torch
+_KEPT = []
+
+@pytest.mark.parametrize("n", [1])
+def test_keeps(n):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    _KEPT.append(torch.empty(4096, dtype=torch.uint8, device=dev))
+""")
+    result = inner.runpytest_inprocess("--memlab", "--memlab-leak-repeat=1")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    line = line_no(inner.path / "test_leak.py", "@pytest.mark.parametrize")
+    assert f"test_leak.py:{line}: MemlabLeakWarning" in out     # the test's own line (its decorator's)
+    assert "pytest_memlab" not in out.split("warnings summary")[1].split("-- Docs")[0]
+
+
+@requires_torch
+def test_a_budgets_use_rounds_half_up_in_the_table(inner):
+    inner.makepyfile(test_use="""
+import pytest, torch
+
+@pytest.mark.cpu_memory(max="8KiB")
+def test_an_eighth():
+    torch.empty(1024, dtype=torch.uint8)
+""")
+    result = inner.runpytest_inprocess("--memlab-report")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["test_use.py::test_an_eighth * 1.0 KiB * 8.0 KiB * 13% *"])
