@@ -123,3 +123,26 @@ def test_an_eighth():
     result = inner.runpytest_inprocess("--memlab-report")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["test_use.py::test_an_eighth * 1.0 KiB * 8.0 KiB * 13% *"])
+
+
+@requires_torch
+def test_the_leaked_figure_agrees_with_the_verdict(inner):
+    """A function fixture's value, which pytest still holds when the leak
+    check runs, is no leak: the verdict says so, and so do the figures."""
+    inner.makepyfile(test_fixture="""
+import pytest, torch
+
+@pytest.fixture
+def tensor():
+    return torch.empty(2**20, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory(max="1G")
+def test_uses(tensor):
+    assert tensor.numel() == 2**20
+""")
+    result = inner.runpytest_inprocess("--memlab-json=r.json", "--memlab-baseline=bl.json", "--memlab-update-baseline")
+    result.assert_outcomes(passed=1)
+    report = json.loads((inner.path / "r.json").read_text())
+    assert report["tests"][0]["devices"]["cpu"]["leaked"] == 0
+    baseline = json.loads((inner.path / "bl.json").read_text())
+    assert baseline["tests"]["test_fixture.py::test_uses"]["cpu"]["leaked"] == 0

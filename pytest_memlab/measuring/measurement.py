@@ -135,12 +135,15 @@ class Measurement:
         return self.final
 
     def check_leaks(self, allowed: dict[str, int], top: int = 5, item=None,
-                    deferred: frozenset = frozenset()) -> tuple[dict, dict]:
+                    deferred: frozenset = frozenset()) -> tuple[dict, dict, dict]:
         """The leak protocol, before the measurement ends: for each device
         in allowed (device -> bytes allowed), whether the test's own blocks
         still allocated exceed the allowance once the process is settled.
         Returns (device -> Leak for those that do, device -> the blocks of
-        a suspect left to the session's batch).
+        a suspect left to the session's batch, device -> the bytes judged
+        where the holder search judged them: the test's leaked figure, which
+        leaves out what pytest itself still holds, a function fixture's
+        value).
 
         Settling costs per suite, not per test.  Only a device over at
         first sight costs anything: a young-generation collection first
@@ -154,7 +157,7 @@ class Measurement:
         over = [d for d, limit in allowed.items()
                 if isinstance(self.meters.get(d), EngineMeter) and self.meters[d].live() > limit]
         if not over:
-            return {}, {}
+            return {}, {}, {}
         import gc
 
         gc.collect(1)
@@ -162,22 +165,23 @@ class Measurement:
         suspects = {d: self.meters[d].live_blocks() for d in over if d in deferred}
         now = [d for d in over if d not in deferred]
         if not now:
-            return {}, suspects
+            return {}, suspects, {}
         from . import leak_search as leaks
 
         started = time.perf_counter()
         leaks.settle(self.core, now)
         excused, look_past = leaks.released_by_pytest(item) if item is not None else (set(), set())
-        found = {}
+        found, judged = {}, {}
         for device in now:
             meter = self.meters[device]
             if meter.live() <= allowed[device]:
                 continue
             leak = leaks.find(self.core, device, meter.live_blocks(), allowed[device], top, started,
                               excused, look_past)
+            judged[device] = leak.bytes
             if leak.bytes > allowed[device]:
                 found[device] = leak
-        return found, suspects
+        return found, suspects, judged
 
     # -- the fixture's API ---------------------------------------------------
     @property

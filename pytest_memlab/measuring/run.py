@@ -39,6 +39,7 @@ class TestRun:
     failed: dict = field(default_factory=dict)   # finding key -> finding (judging.findings)
     leaks: dict = field(default_factory=dict)    # device -> Leak (after teardown)
     suspects: dict = field(default_factory=dict)  # device -> blocks left to the session's batch
+    leaked: dict = field(default_factory=dict)    # device -> bytes the leak check judged, where it searched
     leak_policy: dict = field(default_factory=dict)  # device -> "fail" or "warn"
     warned: list = field(default_factory=list)   # finding keys
     call_failed: bool = False
@@ -137,7 +138,7 @@ class TestRun:
         try:
             if allowed:
                 deferred = frozenset(d for d in allowed if self.leak_policy.get(d) == "warn")
-                self.leaks, self.suspects = measurement.check_leaks(allowed, top, item, deferred)
+                self.leaks, self.suspects, self.leaked = measurement.check_leaks(allowed, top, item, deferred)
         except Exception as exc:
             self.error = f"the leak check failed: {type(exc).__name__}: {exc}"
         try:
@@ -178,6 +179,8 @@ class TestRun:
                 continue
             d = result.devices[device] = DeviceResult.from_figures(figures, spec, top)
             d.name = self.names.get(device, device)
+            if device in self.leaked and figures.measured:
+                d.leaked = self.leaked[device]   # the figure agrees with the verdict
             change = self.changes.get(device)
             if change is not None:
                 d.baseline_peak, d.baseline = change.old, change.kind
