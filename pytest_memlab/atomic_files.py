@@ -8,10 +8,19 @@ import tempfile
 from pathlib import Path
 
 
+class NotARegularFile(OSError):
+    """The path names something a report or a baseline must not replace."""
+
+
 def write_atomic(path: Path, text: str) -> None:
     """A temporary file in the same folder, fsync, rename over ``path``
-    (then fsync the folder): an interruption leaves either file whole."""
-    path = Path(path)
+    (then fsync the folder): an interruption leaves either file whole.  A
+    symbolic link is written through, atomically at its target; a path
+    that is neither a regular file nor absent (a FIFO, a device, a folder)
+    is refused, never replaced."""
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        raise NotARegularFile(f"{path} is not a regular file; memlab writes only regular files")
     folder = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:

@@ -146,3 +146,37 @@ def test_uses(tensor):
     assert report["tests"][0]["devices"]["cpu"]["leaked"] == 0
     baseline = json.loads((inner.path / "bl.json").read_text())
     assert baseline["tests"]["test_fixture.py::test_uses"]["cpu"]["leaked"] == 0
+
+
+@requires_torch
+def test_reports_and_baselines_write_through_links_and_refuse_what_is_not_a_file(inner):
+    import os
+
+    inner.makepyfile(test_a="import torch\ndef test_a():\n    torch.ones(16)\n")
+    os.symlink("target.json", inner.path / "link.json")
+    os.symlink("bl-target.json", inner.path / "bl.json")
+    result = inner.runpytest_inprocess("--memlab-json=link.json", "--memlab-baseline=bl.json",
+                                       "--memlab-update-baseline")
+    assert result.ret == pytest.ExitCode.OK
+    assert (inner.path / "link.json").is_symlink() and (inner.path / "bl.json").is_symlink()
+    assert json.loads((inner.path / "target.json").read_text())["summary"]["measured"] == 1
+    assert "test_a.py::test_a" in json.loads((inner.path / "bl-target.json").read_text())["tests"]
+    os.mkfifo(inner.path / "fifo")
+    result = inner.runpytest_inprocess("--memlab-json=fifo")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*the JSON report fifo was not written: NotARegularFile: * is not a regular file*"])
+    assert (inner.path / "fifo").is_fifo()
+
+
+@requires_torch
+def test_each_test_gets_its_own_snapshot_files(inner):
+    inner.makepyfile(test_ids="""
+import pytest, torch
+
+@pytest.mark.parametrize("tag", ["a<b", "a>b", "a b", "a/b"])
+def test_x(tag):
+    torch.ones(16)
+""")
+    inner.runpytest_inprocess("--memlab-snapshot=snap").assert_outcomes(passed=4)
+    tests = {json.loads(p.read_text())["memlab"]["nodeid"] for p in (inner.path / "snap").glob("*.json")}
+    assert len(tests) == 4 and len(list((inner.path / "snap").glob("*.pickle"))) == 4

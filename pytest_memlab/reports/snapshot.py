@@ -32,9 +32,18 @@ _LARGE = 1 << 20        # the caching allocator's small/large pool boundary
 
 
 def file_stem(nodeid: str, device: str) -> str:
+    """A readable file name unique to the test: its node id made safe, and,
+    where making it safe lost characters ("a<b" and "a>b" would both read
+    "a_b") or it had to be cut, a hash of the whole id."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", nodeid).strip("_")
-    if len(safe) > 120:   # long parametrised ids: cut, kept unique by a hash
-        safe = safe[:100] + "-" + hashlib.sha1(nodeid.encode()).hexdigest()[:12]
+    digest = hashlib.sha1(nodeid.encode()).hexdigest()[:10]
+    if len(safe) > 120:   # long parametrised ids: cut
+        safe = safe[:100] + "-" + digest
+    else:
+        path, sep, rest = nodeid.partition("::")
+        plain = path.replace("/", "_") + ("_" + rest.replace("::", "_") if sep else "")
+        if safe != plain:   # characters of the test's name or parameters were lost
+            safe += "-" + digest
     return f"{safe}-{device.replace(':', '')}"
 
 
