@@ -185,6 +185,8 @@ class MemlabPlugin:
             return report
         if when == "call" and (failed or call.excinfo is not None):
             run.call_failed = True
+            if call.excinfo is not None:
+                run.failure = call.excinfo.tb
         try:
             self.verdicts.judge(run, report, final=when == "teardown")
         except Exception as exc:  # memlab's trouble, never the test's

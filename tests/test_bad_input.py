@@ -180,3 +180,43 @@ def test_x(tag):
     inner.runpytest_inprocess("--memlab-snapshot=snap").assert_outcomes(passed=4)
     tests = {json.loads(p.read_text())["memlab"]["nodeid"] for p in (inner.path / "snap").glob("*.json")}
     assert len(tests) == 4 and len(list((inner.path / "snap").glob("*.pickle"))) == 4
+
+
+@requires_torch
+def test_a_failed_tests_own_locals_are_no_leak(inner):
+    """What pytest.fail, a signal handler or pytest-timeout raised keeps
+    the failed frames (and their tensors) in pytest's hands for a while:
+    no leak, whether the test is marked (judged at once) or not (at the
+    end), and its figure says 0."""
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    inner.makepyfile(test_own=f"""
+import pytest, torch, signal, os
+
+@pytest.mark.{'cuda' if dev == 'cuda' else 'cpu'}_memory(max="1G")
+def test_marked():
+    x = torch.empty(2**20, dtype=torch.uint8, device="{dev}")
+    pytest.fail("own")
+
+def test_unmarked():
+    x = torch.empty(2**20, dtype=torch.uint8, device="{dev}")
+    pytest.fail("own")
+
+def test_from_a_signal_handler():
+    x = torch.empty(2**20, dtype=torch.uint8, device="{dev}")
+    def handler(signum, frame):
+        pytest.fail("timed out")
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+""")
+    result = inner.runpytest_inprocess("--memlab", "--memlab-json=r.json")
+    result.assert_outcomes(failed=3)
+    out = result.stdout.str()
+    assert "MemlabLeakWarning" not in out and "leaked 1.0 MiB" not in out, out
+    name = "cuda:0" if dev == "cuda" else "cpu"
+    report = json.loads((inner.path / "r.json").read_text())
+    assert [t["devices"][name]["leaked"] for t in report["tests"]] == [0, 0, 0]

@@ -172,12 +172,35 @@ def find_many(core, device: str, groups: list, started: float | None = None,
     return leaks
 
 
-def released_by_pytest(item, limit: int = 20000) -> tuple[set[int], set[int]]:
+def released_by_pytest(item, failure=None, limit: int = 20000) -> tuple[set[int], set[int]]:
     """What pytest drops right after a test's teardown report (the values
     of its function-scoped fixtures, which item.funcargs still holds while
     teardown is judged) or at the next test's call (a failed call's
-    traceback and the locals of its frames).  Returns (ids of the objects reachable from them,
-    within limit; ids of pytest's containers to look past)."""
+    traceback and the locals of its frames: sys.last_traceback for an
+    exception, failure for what pytest.fail, a signal handler or a timeout
+    raised, which pytest keeps in the call's excinfo).  Returns (ids of the
+    objects reachable from them, within limit; ids of pytest's containers
+    to look past)."""
+    roots, look_past = _held_by_pytest(item, failure)
+    return set(_reach(roots, limit)), look_past
+
+
+def storages_held_by_pytest(item, failure, torch, limit: int = 20000) -> set[int]:
+    """The storage addresses of the tensors released_by_pytest's objects
+    reach: a suspect's blocks that pytest alone holds for a while, told at
+    its teardown, while its own frames still say so, without a heap walk."""
+    roots, _ = _held_by_pytest(item, failure)
+    out = set()
+    for obj in _reach(roots, limit).values():
+        if issubclass(type(obj), torch.Tensor):
+            try:
+                out.add(obj.untyped_storage().data_ptr())
+            except Exception:   # sparse, meta or fake tensors: no storage of their own
+                pass
+    return out
+
+
+def _held_by_pytest(item, failure) -> tuple[list, set[int]]:
     roots, look_past = [], set()
     funcargs = getattr(item, "funcargs", None)
     if isinstance(funcargs, dict) and funcargs:
@@ -186,25 +209,30 @@ def released_by_pytest(item, limit: int = 20000) -> tuple[set[int], set[int]]:
                   if not defs.get(name) or getattr(defs[name][-1], "scope", "function") == "function"]
         look_past.add(id(funcargs))
     # A failed call's traceback (sys.last_traceback, which pytest keeps
-    # until the next test runs) holds the failed frames' locals.
-    tb = getattr(sys, "last_traceback", None)
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_filename != __file__:
-            roots += list(frame.f_locals.values())
-            look_past.add(id(frame))
-        tb = tb.tb_next
-    if not roots:
-        return set(), look_past
-    reached: set[int] = set()
+    # until the next test runs, or the call's excinfo) holds the failed
+    # frames' locals.
+    for tb in (getattr(sys, "last_traceback", None), failure):
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_filename != __file__ and id(frame) not in look_past:
+                roots += list(frame.f_locals.values())
+                look_past.add(id(frame))
+            tb = tb.tb_next
+    return roots, look_past
+
+
+def _reach(roots: list, limit: int) -> dict[int, object]:
+    """id -> object of what roots reach through containers and attributes
+    (not through modules, classes or functions), within limit."""
+    reached: dict[int, object] = {}
     stack = list(roots)
     while stack and len(reached) < limit:
         obj = stack.pop()
         if id(obj) in reached or isinstance(obj, (types.ModuleType, type, types.FunctionType)):
             continue
-        reached.add(id(obj))
+        reached[id(obj)] = obj
         stack.extend(gc.get_referents(obj))
-    return reached, look_past
+    return reached
 
 
 # -- who holds an object -------------------------------------------------------

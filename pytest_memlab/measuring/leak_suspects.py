@@ -74,11 +74,11 @@ class LeakSuspects:
             return []
         devices = sorted({s.device for s in suspects})
         settle(core, devices)
-        _, look_past = released_by_pytest(None)   # the last failure's traceback: pytest's
+        excused, look_past = released_by_pytest(None)   # the last failure's traceback: pytest's
         out = []
         for device in devices:
             group = [s for s in suspects if s.device == device]
             leaks = find_many(core, device, [(s.blocks, s.allowed) for s in group], started,
-                              ignore_ids=look_past, seconds=seconds, deferred=True)
+                              excused, look_past, seconds=seconds, deferred=True)
             out += zip(group, leaks)
         return sorted(out, key=lambda pair: pair[0].seq)

@@ -135,7 +135,7 @@ class Measurement:
         return self.final
 
     def check_leaks(self, allowed: dict[str, int], top: int = 5, item=None,
-                    deferred: frozenset = frozenset()) -> tuple[dict, dict, dict]:
+                    deferred: frozenset = frozenset(), failure=None) -> tuple[dict, dict, dict]:
         """The leak protocol, before the measurement ends: for each device
         in allowed (device -> bytes allowed), whether the test's own blocks
         still allocated exceed the allowance once the process is settled.
@@ -163,15 +163,25 @@ class Measurement:
         gc.collect(1)
         over = [d for d in over if self.meters[d].live() > allowed[d]]
         suspects = {d: self.meters[d].live_blocks() for d in over if d in deferred}
+        judged: dict = {}
+        if suspects and failure is not None and self.core.torch is not None:
+            # a failed call's frames, which pytest keeps a while: their
+            # tensors are told now, while the frames still say whose they are
+            from .leak_search import storages_held_by_pytest
+
+            held = storages_held_by_pytest(item, failure, self.core.torch)
+            kept = {d: [b for b in blocks if b[0] not in held] for d, blocks in suspects.items()}
+            judged.update((d, sum(b[1] for b in blocks)) for d, blocks in kept.items())
+            suspects = {d: blocks for d, blocks in kept.items() if blocks}
         now = [d for d in over if d not in deferred]
         if not now:
-            return {}, suspects, {}
+            return {}, suspects, judged
         from . import leak_search as leaks
 
         started = time.perf_counter()
         leaks.settle(self.core, now)
-        excused, look_past = leaks.released_by_pytest(item) if item is not None else (set(), set())
-        found, judged = {}, {}
+        excused, look_past = leaks.released_by_pytest(item, failure)
+        found = {}
         for device in now:
             meter = self.meters[device]
             if meter.live() <= allowed[device]:

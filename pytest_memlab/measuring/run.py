@@ -43,6 +43,7 @@ class TestRun:
     leak_policy: dict = field(default_factory=dict)  # device -> "fail" or "warn"
     warned: list = field(default_factory=list)   # finding keys
     call_failed: bool = False
+    failure: object = None                # the failed call's traceback (pytest keeps it a while)
     user_failed: bool = False            # setup, call or teardown failed by the test's own doing
     names: dict = field(default_factory=dict)     # concrete device -> name as asked ("cuda", "cpu")
     changes: dict = field(default_factory=dict)   # device -> findings.Change
@@ -138,7 +139,8 @@ class TestRun:
         try:
             if allowed:
                 deferred = frozenset(d for d in allowed if self.leak_policy.get(d) == "warn")
-                self.leaks, self.suspects, self.leaked = measurement.check_leaks(allowed, top, item, deferred)
+                self.leaks, self.suspects, self.leaked = measurement.check_leaks(allowed, top, item, deferred,
+                                                                                 self.failure)
         except Exception as exc:
             self.error = f"the leak check failed: {type(exc).__name__}: {exc}"
         try:
