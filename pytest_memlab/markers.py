@@ -113,6 +113,10 @@ def specs_for(item) -> list[MemorySpec]:
 # Each collected test's specs: set after collection (markers that hooks add
 # count), read by every hook of its run.
 SPECS = pytest.StashKey[list]()
+# A marker that a hook added after collection and that does not parse: on a
+# pytest-xdist worker, where a usage error would crash the controller, the
+# test fails its setup with this text instead.
+BAD_MARKER = pytest.StashKey[str]()
 
 
 def bad_markers(nodes) -> list[str]:
@@ -138,6 +142,7 @@ def stash_specs(items, measure_all: bool) -> list[str]:
             specs = specs_for(item)
         except MarkerError as exc:
             errors.append(f"{item.nodeid}: {exc}")
+            item.stash[BAD_MARKER] = f"pytest-memlab: bad memory marker\n  {item.nodeid}: {exc}"
             continue
         if not specs and (measure_all or "memlab" in getattr(item, "fixturenames", ())):
             specs = [MemorySpec(kind="auto", device=None, leaks=None, marked=False)]

@@ -21,7 +21,7 @@ import pytest
 from .engine.backend import core, unpark
 from .engine.tracing import tracing
 from .judging.verdicts import MemlabLeakWarning, Verdicts
-from .markers import MARKERS, SPECS, bad_markers, stash_specs
+from .markers import BAD_MARKER, MARKERS, SPECS, bad_markers, stash_specs
 from .measuring.measurement import Measurement
 from .measuring.run import TestRun
 from .options import Options, add_options
@@ -88,9 +88,12 @@ class MemlabPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, session, config, items):
-        """Markers that hooks added after collection are read here."""
+        """Markers that hooks added after collection are read here.  A bad
+        one is a usage error; on a pytest-xdist worker (whose usage error
+        the controller cannot show) its test fails its setup with the same
+        text."""
         errors = stash_specs(items, self.options.measure_all)
-        if errors:
+        if errors and not hasattr(config, "workerinput"):
             raise pytest.UsageError("pytest-memlab: bad memory marker\n  " + "\n  ".join(errors))
 
     def pytest_itemcollected(self, item):
@@ -113,7 +116,7 @@ class MemlabPlugin:
             required = run.begin(core, self.options, self.session)
             self.current = run.measurement
         else:  # a test memlab does not measure runs with nothing of memlab's on
-            required = None
+            required = item.stash.get(BAD_MARKER, None)
             unpark()
         result = yield
         if required:  # after the inner wrappers, which must finish their setup

@@ -220,3 +220,24 @@ def test_from_a_signal_handler():
     name = "cuda:0" if dev == "cuda" else "cpu"
     report = json.loads((inner.path / "r.json").read_text())
     assert [t["devices"][name]["leaked"] for t in report["tests"]] == [0, 0, 0]
+
+
+def test_a_bad_marker_a_hook_adds_under_xdist_is_said_cleanly(inner):
+    pytest.importorskip("xdist")
+    inner.makeconftest("""
+import pytest
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.name == "test_a":
+            item.add_marker(pytest.mark.cpu_memory(max="2X"))
+""")
+    inner.makepyfile(test_x="def test_a(): pass\n\ndef test_b(): pass\n")
+    result = inner.runpytest_subprocess("-n", "2")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, errors=1)
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out
+    result.stdout.fnmatch_lines(["*pytest-memlab: bad memory marker*", "*test_x.py::test_a: *2X*"])
+    plain = inner.runpytest_inprocess()
+    assert plain.ret == pytest.ExitCode.USAGE_ERROR   # without workers: the usage error, as before
