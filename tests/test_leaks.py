@@ -378,3 +378,31 @@ def test_grows(cache):   # on the device --memlab measures an unmarked test on
     result.stdout.fnmatch_lines(["test_inner.py::test_grows: * kept 4.0 KiB more after every repetition*"
                                  "(its MemlabLeakWarning was raised as an error by the warnings filter)"])
     assert "judging failed" not in result.stdout.str()
+
+
+def test_a_suspect_freed_during_a_later_measured_test_says_0(inner):
+    """A cycle freed while a later test is measured (heard: its address is
+    no longer watched) is no leak, and its test's figure says so."""
+    import json
+
+    result = run(inner, """
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+class Node:
+    pass
+
+def test_cycle():
+    import gc
+    n = Node()
+    n.me = n
+    n.t = torch.empty(32 * KiB, dtype=torch.uint8, device=DEV)
+    gc.collect()   # alive now: promoted to the oldest generation, past a young collection
+
+def test_collects():
+    import gc
+    gc.collect()
+""", "--memlab", "--memlab-json=r.json")
+    result.assert_outcomes(passed=2)
+    assert "MemlabLeakWarning" not in result.stdout.str()
+    tests = json.loads((inner.path / "r.json").read_text())["tests"]
+    assert [d["leaked"] for t in tests for d in t["devices"].values()] == [0, 0]

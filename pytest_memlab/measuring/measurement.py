@@ -5,6 +5,7 @@ protocol's first look.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -151,15 +152,13 @@ class Measurement:
         device in deferred (the warn policy) still over is a suspect: its
         blocks are kept, and one full collection and one holder search at
         the session's end confirm many suspects at once
-        (:func:`.leak_search.confirm`).  Only a device whose leaks fail the
+        (:meth:`.leak_suspects.LeakSuspects.confirm`).  Only a device whose leaks fail the
         test pays a full settling (a full collection, cuBLAS workspaces, a
         synchronisation) here."""
         over = [d for d, limit in allowed.items()
                 if isinstance(self.meters.get(d), EngineMeter) and self.meters[d].live() > limit]
         if not over:
             return {}, {}, {}
-        import gc
-
         gc.collect(1)
         over = [d for d in over if self.meters[d].live() > allowed[d]]
         suspects = {d: self.meters[d].live_blocks() for d in over if d in deferred}
