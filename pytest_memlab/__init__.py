@@ -2,21 +2,48 @@
 
 The pytest plugin lives in :mod:`pytest_memlab.plugin` and is loaded through
 the ``pytest11`` entry point ``memlab``.
+
+The public names below are imported on first use: a process that imports
+only a part of the package (a measured test's child process, whose start-up
+hook must cost little) does not pay for the rest.
 """
 
-from .engine.meters import DeviceFigures
-from .judging.verdicts import MemlabLeakWarning
-from .lab.courtesy import Courtesy
-from .lab.line_profiler import LineProfiler, clear_global_line_profiler, profile, profile_every, set_target_gpu
-from .lab.tensor_report import MemReporter, StorageReport
-from .measuring.measurement import Measurement, MemoryBudgetExceeded
-from .sizes import SizeError, format_size, parse_size
+from importlib import import_module
 
-__all__ = [
-    "Courtesy", "DeviceFigures", "LineProfiler", "MemReporter", "MemlabLeakWarning", "Measurement", "StorageReport", "MemoryBudgetExceeded", "SizeError",
-    "clear_global_line_profiler", "format_size", "load_ipython_extension", "parse_size",
-    "profile", "profile_every", "set_target_gpu",
-]
+__version__ = "0.1.0"
+
+_PUBLIC = {  # name -> the module that defines it
+    "Courtesy": ".lab.courtesy",
+    "DeviceFigures": ".engine.meters",
+    "LineProfiler": ".lab.line_profiler",
+    "MemReporter": ".lab.tensor_report",
+    "MemlabLeakWarning": ".judging.verdicts",
+    "Measurement": ".measuring.measurement",
+    "MemoryBudgetExceeded": ".measuring.measurement",
+    "SizeError": ".sizes",
+    "StorageReport": ".lab.tensor_report",
+    "clear_global_line_profiler": ".lab.line_profiler",
+    "format_size": ".sizes",
+    "parse_size": ".sizes",
+    "profile": ".lab.line_profiler",
+    "profile_every": ".lab.line_profiler",
+    "set_target_gpu": ".lab.line_profiler",
+}
+
+__all__ = sorted([*_PUBLIC, "load_ipython_extension"])
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_memlab' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))
 
 
 def load_ipython_extension(ipython):
@@ -24,4 +51,3 @@ def load_ipython_extension(ipython):
     from .lab.ipython_magics import load_ipython_extension as load
 
     load(ipython)
-__version__ = "0.1.0"

@@ -82,6 +82,23 @@ def leak_policy(value: str) -> str:
 DETAILS = ("flagged", "all")
 
 
+def seconds(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        n = -1.0
+    if not n > 0 or n != n or n == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
+    return n
+
+
+def on_off(value: str) -> bool:
+    text = value.strip().lower()
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of on, off")
+    return text == "on"
+
+
 def details_choice(value: str) -> str:
     value = value.strip().lower()
     if value not in DETAILS:
@@ -144,6 +161,23 @@ def add_options(parser) -> None:
         "--memlab-snapshot", default=None, metavar="DIR",
         help="per measured test and device, write its allocation events to DIR in the format of PyTorch's "
              "memory snapshot (memory_viz): NAME.json and NAME.pickle; implies --memlab (ini: memlab_snapshot)",
+    )
+    group.addoption(
+        "--memlab-children", type=on_off, default=None, metavar="on|off",
+        help="measure the Python processes a measured test starts (spawned ranks, DataLoader workers, "
+             "subprocesses running Python, forks): each one's figures go into the test's result and its "
+             "budgets apply to each; default on (ini: memlab_children)",
+    )
+    group.addoption(
+        "--memlab-rank-dir", default=None, metavar="DIR",
+        help="a session run once per rank (torchrun ... -m pytest): the folder the ranks share to gather each "
+             "test's figures on rank 0 (default: one under the temp folder, named after the run; several nodes "
+             "need a folder every node sees) (ini: memlab_rank_dir)",
+    )
+    group.addoption(
+        "--memlab-rank-timeout", type=seconds, default=None, metavar="SECONDS",
+        help="how long rank 0 waits, at a test's teardown, for another rank's figures of that test before it "
+             "says which rank did not report (default 60) (ini: memlab_rank_timeout)",
     )
     group.addoption(
         "--memlab-require-cuda", action="store_true", default=None,
@@ -222,6 +256,9 @@ def add_options(parser) -> None:
     parser.addini("memlab_details", default="flagged", help="as --memlab-details")
     parser.addini("memlab_snapshot", default="", help="as --memlab-snapshot (relative to the rootdir)")
     parser.addini("memlab_require_cuda", default="false", help="as --memlab-require-cuda")
+    parser.addini("memlab_children", default="on", help="as --memlab-children (on or off)")
+    parser.addini("memlab_rank_dir", default="", help="as --memlab-rank-dir (relative to the rootdir)")
+    parser.addini("memlab_rank_timeout", default="60", help="as --memlab-rank-timeout (seconds)")
 
 
 def _option(config, name: str, ini: str):
@@ -283,6 +320,9 @@ class Options:
     gpus_per_worker: int | None = None
     snapshot: Path | None = None
     details: str = "flagged"
+    children: bool = True
+    rank_dir: str | None = None
+    rank_timeout: float = 60.0
 
     # Asked in every measured test: computed once (cached_property writes
     # the instance's __dict__, which a frozen dataclass allows).
@@ -377,8 +417,26 @@ class Options:
             snapshot = str(config.rootpath / config.getini("memlab_snapshot").strip())
         if snapshot is not None and not snapshot.strip():
             raise pytest.UsageError("--memlab-snapshot names no folder (write --memlab-snapshot=DIR)")
+        children = config.getoption("memlab_children")
+        try:
+            if children is None:
+                children = on_off(str(config.getini("memlab_children")))
+        except argparse.ArgumentTypeError as exc:
+            raise pytest.UsageError(f"ini memlab_children: {exc}") from None
+        rank_dir = config.getoption("memlab_rank_dir")
+        if rank_dir is None and config.getini("memlab_rank_dir").strip():
+            rank_dir = str(config.rootpath / config.getini("memlab_rank_dir").strip())
+        rank_timeout = config.getoption("memlab_rank_timeout")
+        if rank_timeout is None:
+            try:
+                rank_timeout = seconds(str(config.getini("memlab_rank_timeout")).strip())
+            except argparse.ArgumentTypeError as exc:
+                raise pytest.UsageError(f"ini memlab_rank_timeout: {exc}") from None
         _refuse_one_file_twice(report, baseline)
         return cls(
+            rank_dir=rank_dir,
+            rank_timeout=rank_timeout,
+            children=children,
             snapshot=Path(snapshot) if snapshot is not None else None,
             details=details,
             baseline=baseline,

@@ -186,10 +186,17 @@ class MemlabPlugin:
         when = call.when
         if when == "setup":
             return report
-        if when == "call" and (failed or call.excinfo is not None):
-            run.call_failed = True
-            if call.excinfo is not None:
-                run.failure = call.excinfo.tb
+        if when == "call":
+            if failed or call.excinfo is not None:
+                run.call_failed = True
+                if call.excinfo is not None:
+                    run.failure = call.excinfo.tb
+            run.peek_children()
+        if when == "teardown" and self.session.ranks is not None and run.measurement is not None:
+            try:
+                self.session.exchange(run)
+            except Exception as exc:  # memlab's trouble, never the test's
+                run.error = run.error or f"the ranks' figures were not exchanged: {type(exc).__name__}: {exc}"
         try:
             self.verdicts.judge(run, report, final=when == "teardown")
         except Exception as exc:  # memlab's trouble, never the test's

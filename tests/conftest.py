@@ -1,8 +1,20 @@
+import importlib.util
 import os
 
 import pytest
 
 pytest_plugins = ["pytester"]
+
+HAS_ASYNCIO = importlib.util.find_spec("pytest_asyncio") is not None
+HAS_BENCHMARK = importlib.util.find_spec("pytest_benchmark") is not None
+
+
+def pytest_addoption(parser):
+    # setup.cfg sets pytest-asyncio's loop scope (the zoo's plugin warns
+    # when it is unset); where that plugin is not installed (the torch-free
+    # lanes) the key is declared here, so that pytest does not call it unknown.
+    if not HAS_ASYNCIO:
+        parser.addini("asyncio_default_fixture_loop_scope", "pytest-asyncio's, when installed")
 
 MiB = 2**20
 
@@ -32,6 +44,29 @@ if has_torch():
     # and register its operator library twice.  Imported once, here.
     import torch._dynamo  # noqa: F401
 requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
+
+
+@pytest.fixture
+def pytester(pytester, monkeypatch):
+    """pytester, whose in-process runs leave out avoidable warnings.
+
+    pytest-asyncio (installed for the zoo) warns in every run whose ini
+    leaves asyncio_default_fixture_loop_scope unset, and an inner run's
+    configure-time warnings reach this session's summary past its filters.
+    """
+    quiet = []
+    if HAS_ASYNCIO:
+        quiet += ["-o", "asyncio_default_fixture_loop_scope=function"]
+    if HAS_BENCHMARK:   # (where installed, as on the GPU machine) warns in every run under xdist
+        quiet += ["-p", "no:benchmark"]
+    if quiet:
+        inline_run = pytester.inline_run
+
+        def quiet_inline_run(*args, **kwargs):
+            return inline_run(*quiet, *args, **kwargs)
+
+        monkeypatch.setattr(pytester, "inline_run", quiet_inline_run)
+    return pytester
 
 
 @pytest.fixture

@@ -22,10 +22,12 @@ class Exceeded:
     value: int
     budget_name: str   # "max", "max_total", "max_reserved", "limit"
     budget: int
+    process: str = ""  # a child process of the test ("rank 1"); "" the test's own
 
     @property
     def key(self) -> str:
-        return f"{self.device} {self.budget_name}"
+        own = f"{self.device} {self.budget_name}"
+        return f"{own} [{self.process}]" if self.process else own
 
 
 

@@ -53,6 +53,27 @@ def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
     return "\n".join(lines)
 
 
+def child_budget_failure(exceeded, child, processes: list[dict]) -> str:
+    """A child process over a budget: which one, its figure, its heaviest
+    lines; then every process's figure on that device, so that the rank
+    that broke the budget stands among the others."""
+    e = exceeded
+    lines = [f"{e.process} (pid {child.pid}): {e.device} {e.what} {format_size(e.value)} exceeds "
+             f"{e.budget_name} {format_size(e.budget)} by {format_size(e.value - e.budget)}"]
+    for t in child.top.get(e.device, [])[:3]:
+        lines.append(f"  {format_size(t['bytes']):>10}  allocated at {t['file']}:{t['line']} {t['function']}")
+    field = {"peak": "peak", "total peak": "peak_total"}.get(e.what)
+    if field is not None:
+        every = [f"{p['label']} {format_size(p['devices'][e.device][field])}" for p in processes
+                 if p.get("devices", {}).get(e.device, {}).get(field) is not None]
+        lines.append(f"  every process's {e.what} on {e.device}: " + ", ".join(every))
+    missing = [p["label"] for p in processes if p.get("state") != "done"]
+    if missing:
+        lines.append(f"  no figures from: {', '.join(missing)}")
+    lines.append(f"  exactly {e.value} B against {e.budget} B")
+    return "\n".join(lines)
+
+
 def _chain_lines(chain, indent: str) -> list[str]:
     if not chain:
         return [f"{indent}(allocated outside user code)"]

@@ -16,7 +16,7 @@ import warnings
 import re
 
 from .findings import Cache, Change, Exceeded, Growth
-from .messages import baseline_failure, budget_failure, growth_report, leak_report
+from .messages import baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report
 
 # A holder path's root: what holds the first step (see leak_search.holders_of).
 _ROOT = re.compile(r"^(module \S+, global \w+|class \S+, attribute \w+|closure of \S+ \(variable \w+\))")
@@ -50,6 +50,14 @@ def exceeded(device: str, figures, spec) -> list[Exceeded]:
         if budget is not None and value is not None and value > budget:
             out.append(Exceeded(device, what, value, name, budget))
     return out
+
+
+def _childs_device(child, device: str):
+    """A child's figures for the test's device (see _children_findings)."""
+    if not device.startswith("cuda"):
+        return child.devices.get(device)
+    cuda = [f for d, f in child.devices.items() if d.startswith("cuda") and f.measured and f.peak is not None]
+    return max(cuda, key=lambda f: f.peak) if cuda else None
 
 
 def has_budget(spec) -> bool:
@@ -197,6 +205,7 @@ class Verdicts:
                 context = measurement.context(device, figures.seq_at_peak) if e.what == "peak" else ""
                 failures.append(budget_failure(e, figures, self.options.top, context))
         failures += self._compare(run, final)
+        self._children_findings(run, failures)
         if final:
             self._leak_findings(run, failures)
         if failures and measurement.trace_note:
@@ -211,6 +220,32 @@ class Verdicts:
             report.longrepr = text
         else:
             report.sections.append(("memlab", text))
+
+    @staticmethod
+    def _children_findings(run, failures: list[str]) -> None:
+        """A budget applies to each child process of the test (each rank)
+        as to the test's own process: on the same device, or for a CUDA
+        budget, on the CUDA device where the child's own peak was highest
+        (a rank's own GPU)."""
+        if not run.children:
+            return
+        processes = None
+        for spec, device in run.devices:
+            if not has_budget(spec):
+                continue
+            for child in run.children:
+                figures = _childs_device(child, device)
+                if figures is None:
+                    continue
+                for e in exceeded(figures.device, figures, spec):
+                    e = Exceeded(e.device, e.what, e.value, e.budget_name, e.budget, child.label)
+                    if e.key in run.failed:
+                        continue
+                    run.failed[e.key] = e
+                    # every rank (rank 0's own included, under torchrun), then the children
+                    processes = processes or [c.as_dict() for c in run.ranks] + [
+                        c.as_dict() for c in run.children if c not in run.ranks]
+                    failures.append(child_budget_failure(e, child, processes))
 
     def _compare(self, run, final: bool) -> list[str]:
         """The own peak against the baseline: a regression fails the test

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, field
 
+from ..children.gathering import ChildWatch, StartupHookMissing
 from ..devices import default_device
 from ..engine.backend import BRIDGE, MemlabCoreError
 from ..engine.meters import make_meter
@@ -52,6 +53,10 @@ class TestRun:
     growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
     error: str = ""                       # memlab's own trouble
     said: list = field(default_factory=list)     # what a warning could not say (an error by the filter)
+    armed: tuple | None = None            # the children's folder, while the test runs (ChildWatch.arm)
+    watch: ChildWatch | None = None       # the session's, which armed it
+    children: list = field(default_factory=list)  # ChildFigures of the processes it started
+    ranks: list = field(default_factory=list)     # under torchrun, on rank 0: every rank's ChildFigures
 
     # -- opening -------------------------------------------------------------------
     def begin(self, core, options, session) -> str | None:
@@ -70,6 +75,13 @@ class TestRun:
             self.names = {resolved[r]: r for r in requested}
             self.judged = session.baseline is not None or any(spec.marked for spec in self.specs)
             measurement.begin()
+            children = session.children
+            if children is not None and measurement.meters:
+                try:
+                    self.armed = children.arm(list(measurement.meters))
+                    self.watch = children
+                except StartupHookMissing as exc:
+                    session.children_hook_missing(str(exc))
         except MemlabCoreError as exc:  # MEMLAB_CORE=bridge asked for this
             self.error = str(exc)
             return f"pytest-memlab: {exc}"
@@ -129,6 +141,15 @@ class TestRun:
         finally:
             self.repeating = False
 
+    def peek_children(self) -> None:
+        """The children that ended during the call: judged with it (where
+        there is anything to judge: a budget or a baseline)."""
+        if self.armed is not None and self.judged:
+            try:
+                self.children = ChildWatch.peek(self.armed)
+            except Exception as exc:
+                self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
+
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
         """After teardown: the leak check for the allowed devices (device ->
@@ -136,6 +157,12 @@ class TestRun:
         session's batch as suspects), then the final figures.  memlab's
         trouble is kept in error, never raised into the test."""
         measurement = self.measurement
+        if self.armed is not None:
+            try:
+                self.children = self.watch.disarm(self.armed)
+            except Exception as exc:
+                self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
+            self.armed = None
         try:
             if allowed:
                 deferred = frozenset(d for d in allowed if self.leak_policy.get(d) == "warn")
@@ -172,7 +199,9 @@ class TestRun:
         if detail == "flagged" and not (self.failed or self.warned or self.suspects or self.said):
             detail = ""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
-                            memlab_error=self.error, user_failed=self.user_failed, said=self.said)
+                            memlab_error=self.error, user_failed=self.user_failed, said=self.said,
+                            processes=[c.as_dict() for c in self.ranks]
+                            + [c.as_dict() for c in self.children if c not in self.ranks])
         if self.measurement is None:
             return result
         for spec, device in self.devices:

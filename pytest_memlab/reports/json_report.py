@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from ..atomic_files import write_atomic
+from ..children.gathering import across
 
 FORMAT = "pytest-memlab-report"
 VERSION = 2   # 2: a device's own peak budget is "max", as in the marker (1 said "budget")
@@ -50,6 +51,9 @@ def build(results: dict, environment: dict, backend: str, caches: list = ()) -> 
             "memlab_error": r.memlab_error or None,
             "devices": {device: _device(d) for device, d in sorted(r.devices.items())},
         })
+        if r.processes:
+            tests[-1]["processes"] = r.processes
+            tests[-1]["across_processes"] = across(r.processes)
     measured = [t for t in tests if any(d["measured"] for d in t["devices"].values())]
     return {
         "format": FORMAT,

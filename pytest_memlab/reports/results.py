@@ -8,7 +8,8 @@ figures and budgets, ``memlab.DEVICE.top`` (JSON) for the heaviest lines,
 ``memlab.failed_by_memlab`` (JSON list) for what memlab itself failed the
 test for, ``memlab.warned`` (JSON list) for what it warned of (leaks under
 ``warn``), ``memlab.memlab_error`` for trouble in memlab's own machinery,
-``memlab.said`` (JSON list) for findings whose warning the warnings filter
+``memlab.processes`` (JSON list) for the child processes the test started
+and their figures, ``memlab.said`` (JSON list) for findings whose warning the warnings filter
 made an error, ``memlab.user_failed`` when the test failed by its own doing (its figures
 then do not go into a baseline), ``memlab.DEVICE.name`` for the device as
 the test asked for it (the baseline's key: ``cuda`` for the current CUDA
@@ -96,6 +97,7 @@ class TestResult:
     memlab_error: str = ""                                       # memlab's own trouble
     user_failed: bool = False                          # failed by its own doing, not by memlab
     said: list[str] = field(default_factory=list)      # findings whose warning the filter made an error
+    processes: list[dict] = field(default_factory=list)  # its child processes (ChildFigures.as_dict())
 
     @property
     def usable(self) -> bool:
@@ -146,6 +148,8 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
         add((PREFIX + "user_failed", "true"))
     if result.said:
         add((PREFIX + "said", json.dumps(result.said)))
+    if result.processes:
+        add((PREFIX + "processes", json.dumps(result.processes, separators=(",", ":"))))
     return props
 
 
@@ -168,7 +172,7 @@ def decode(nodeid: str, props) -> TestResult | None:
             continue
         result = result or TestResult(nodeid)
         rest = name[len(PREFIX):]
-        if rest in ("failed_by_memlab", "warned", "said"):
+        if rest in ("failed_by_memlab", "warned", "said", "processes"):
             setattr(result, rest, list(json.loads(value)))
             continue
         if rest == "memlab_error":

@@ -3,6 +3,7 @@ heaviest tests' lines, and what the baseline comparison or update found."""
 
 from __future__ import annotations
 
+from ..children.gathering import across
 from ..sizes import format_size, plural
 
 
@@ -88,6 +89,8 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     if failed:
         out.append((f"{plural(len(failed), 'test')} failed by memlab ({', '.join(sorted({k for r in failed for k in r.failed_by_memlab}))}); "
                     "see above", False))
+    if verbosity > -2:
+        out += children_lines(results, verbosity)
     if not table or verbosity <= -2 or not measured:
         return out
     measured.sort(key=_worst_first)
@@ -137,6 +140,31 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
         for t in d.top[:top]:
             out.append((_middle_cut(f"  {format_size(t['bytes']):>10}  {t['file']}:{t['line']} {t['function']}",
                                     WIDTH), False))
+    return out
+
+
+def children_lines(results: dict, verbosity: int = 0) -> list[tuple[str, bool]]:
+    """The tests that started processes: per device each process's own
+    peak, the max and the process that reached it, the spread; and the
+    processes whose figures are missing, with why (shown always: a figure
+    the summary lacks must be said)."""
+    out: list[tuple[str, bool]] = []
+    with_children = [r for r in results.values() if r.processes]
+    limit = None if verbosity > 0 else 10
+    for r in sorted(with_children, key=lambda r: r.nodeid)[:limit]:
+        out.append((f"{r.nodeid}: {plural(len(r.processes), 'child process', 'child processes')}", False))
+        for device, a in across(r.processes).items():
+            peaks = [f"{p['label']} {format_size(p['devices'][device]['peak'])}" for p in r.processes
+                     if p.get("state") == "done" and p.get("devices", {}).get(device, {}).get("peak") is not None]
+            shown = ", ".join(peaks[:8]) + (f", ... ({len(peaks) - 8} more)" if len(peaks) > 8 else "")
+            if a["processes"] > 1:
+                shown += f"; max {format_size(a['max'])} ({a['worst']}), spread {format_size(a['spread'])}"
+            out.append((f"  {device} own peak: {shown}", False))
+        for p in r.processes:
+            if p.get("state") != "done":
+                out.append((f"  {p['label']} (pid {p['pid']}): no figures: {p.get('why', '')}", True))
+    if limit is not None and len(with_children) > limit:
+        out.append((f"... and {len(with_children) - limit} more tests with child processes (-v shows all)", False))
     return out
 
 

@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 
+from ..children.gathering import ChildWatch
 from ..devices import cuda_available
 from ..engine.backend import core
 from ..judging.baseline_file import (Baseline, BaselineError, environment_differences, environment_info,
@@ -28,6 +29,7 @@ from ..reports import html_report, json_report
 from ..reports.results import TestResult, decode
 from ..reports.terminal import baseline_summary, summary
 from .gpu_pinning import plan_gpus
+from .ranks import RankSide, default_folder, rank_environment
 from .xdist_controller import ControllerSide
 from .xdist_worker import WorkerSide
 
@@ -48,16 +50,51 @@ class MemlabSession:
         self.suspects = LeakSuspects()     # tests whose leak verdict comes at the end
         self.late: dict[str, dict] = {}    # nodeid -> device -> what the end's leak check found
         self.caches: list[dict] = []       # {device, holder, bytes, tests}
+        self.children = ChildWatch(config.rootpath, options.include, options.top) if options.children else None
         self.baseline: Baseline | None = self._load_baseline()
         self.env: str | None = options.baseline_env
         if hasattr(config, "workerinput"):
             self.worker, self.controller = WorkerSide(config, self), None
         else:
             self.worker, self.controller = None, ControllerSide(self)
+        self.ranks = self._ranks(config, options)
         if options.gpus_per_worker:
             note = plan_gpus(config, options.gpus_per_worker)
             if note:
                 self.notes.append(note)
+
+    def _ranks(self, config, options) -> RankSide | None:
+        """Under torchrun (RANK and WORLD_SIZE set, several ranks): this
+        rank's side of the per-test exchange.  pytest-xdist workers inside
+        ranks are refused when every test is measured; with markers only,
+        each worker measures on its own (said once)."""
+        ranks = rank_environment()
+        if ranks is None:
+            return None
+        rank, world = ranks
+        if getattr(config.option, "numprocesses", None) or self.worker is not None:
+            if options.measure_all and self.worker is None:
+                raise pytest.UsageError(
+                    f"pytest-memlab: a session run once per rank (RANK={rank}, WORLD_SIZE={world}) cannot also "
+                    "run pytest-xdist workers (-n): each rank's figures are gathered on rank 0 per test, and "
+                    "workers would split the tests differently in each rank. Drop -n, or run without torchrun")
+            if self.worker is None:
+                self.notes.append(f"pytest-memlab: rank {rank} of {world} runs pytest-xdist workers: "
+                                  "each measures on its own, and the ranks' figures are not gathered")
+            return None
+        return RankSide(rank, world, options.rank_dir or default_folder(), options.rank_timeout, options.top)
+
+    def exchange(self, run) -> None:
+        """A measured test's teardown under torchrun: a rank other than 0
+        shares its figures; rank 0 gathers the others' (judged with its
+        own children's) and keeps its own for the reports."""
+        ranks = self.ranks
+        if not ranks.gatherer:
+            ranks.share(run)
+            return
+        gathered = ranks.gather(run)
+        run.ranks = [ranks.own(run)] + gathered
+        run.children = gathered + run.children
 
     def _load_baseline(self) -> Baseline | None:
         path = self.options.baseline
@@ -112,7 +149,21 @@ class MemlabSession:
         return environment_info(sys.modules.get("torch"))
 
     # -- at the end ---------------------------------------------------------------
+    def children_hook_missing(self, why: str) -> None:
+        """Child processes cannot be measured (the start-up hook could not
+        be installed): said once, and no test is armed again."""
+        self.children = None
+        self.notes.append(f"pytest-memlab: {why}")
+
     def finish(self, session, top: int) -> None:
+        if self.children is not None:
+            self.children.close()
+        if self.ranks is not None and not self.ranks.gatherer:
+            self.lines.append((f"rank {self.ranks.rank} of {self.ranks.world}: rank 0 gathers every rank's figures, "
+                               "and writes the reports and the baseline", False))
+            return
+        if self.ranks is not None:
+            self.ranks.close()
         if self.config.option.collectonly:
             return   # no test ran: nothing to confirm, compare, or write over earlier reports
         try:

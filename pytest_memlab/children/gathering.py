@@ -1,0 +1,234 @@
+"""The parent's side: arms a measured test's run so that the processes it
+starts measure themselves (:mod:`.startup`), and gathers their figures
+after its teardown.
+
+Per test this costs an environment variable set and restored, and one
+look for a folder that exists only when a child wrote into it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from .. import __version__
+from ..engine.meters import DeviceFigures
+from . import startup, startup_hook
+from .startup import ENV, FORMAT
+
+
+class StartupHookMissing(Exception):
+    """The start-up hook is not installed, and cannot be: no child is measured."""
+
+
+@dataclass
+class ChildFigures:
+    """One child process of a test, as it reported itself."""
+
+    pid: int
+    label: str                      # "rank 1", "DataLoader worker 0", "SpawnProcess-1", "python -c ..."
+    rank: int | None = None
+    state: str = "done"             # "done", or "missing": it never wrote its figures
+    why: str = ""                   # what is missing, and why
+    devices: dict = field(default_factory=dict)   # device -> DeviceFigures
+    top: dict = field(default_factory=dict)       # device -> heaviest lines [{file, line, function, bytes, peak_total}]
+
+    def as_dict(self) -> dict:
+        """What the reports keep of it."""
+        out = {"pid": self.pid, "label": self.label, "rank": self.rank, "state": self.state, "devices": {}}
+        if self.why:
+            out["why"] = self.why
+        for device, f in self.devices.items():
+            if not f.measured:
+                out["devices"][device] = {"measured": False, "reason": f.reason}
+                continue
+            out["devices"][device] = {"peak": f.peak, "peak_total": f.peak_total, "live": f.live,
+                                      "top": self.top.get(device, [])}
+        return out
+
+
+_root: str | None = None     # the process's children folder (one for every session it runs)
+_count = itertools.count(1)  # the tests' folders in it
+
+
+def _process_root() -> str:
+    """Made on first use and removed at exit: one per process, not per
+    session, because a forkserver outlives the session that started it
+    (pytester's in-process sessions share a process)."""
+    global _root
+    if _root is None:
+        _root = tempfile.mkdtemp(prefix="memlab-children-")
+        atexit.register(shutil.rmtree, _root, True)
+    return _root
+
+
+class ChildWatch:
+    """Each measured test's place in the process's children folder."""
+
+    def __init__(self, rootdir, include, top: int):
+        self.root: str | None = None
+        self.rootdir = str(rootdir)
+        self.include = list(include or ())
+        self.top = top
+        self._prefix: dict[tuple, str] = {}   # devices -> the variable's value up to the folder
+
+    def arm(self, devices: list[str]) -> tuple | None:
+        """Arms the processes that the test about to run starts; returns
+        what disarm needs.  The first time, installs the start-up hook
+        (StartupHookMissing says why it could not)."""
+        if self.root is None:
+            why = startup_hook.ensure()
+            if why:
+                raise StartupHookMissing(why)
+            self.root = _process_root()
+        startup.measure_forks()
+        key = tuple(devices)
+        prefix = self._prefix.get(key)
+        if prefix is None:
+            text = json.dumps({"devices": list(key), "rootdir": self.rootdir, "include": self.include,
+                               "version": __version__, "top": self.top, "parent_rank": os.environ.get("RANK"),
+                               "dir": ""})
+            prefix = self._prefix[key] = text[:-3]   # ...'"dir": ' + the folder + '}'
+        folder = os.path.join(self.root, str(next(_count)))
+        before = os.environ.get(ENV)
+        os.environ[ENV] = prefix + json.dumps(folder) + "}"
+        if _forkserver_lives():
+            self._tell_forkserver(folder)
+        return folder, before
+
+    def _tell_forkserver(self, folder: str) -> None:
+        """See startup.current_folder."""
+        path = os.path.join(self.root, startup.CURRENT)
+        with open(path + ".tmp", "w") as f:
+            f.write(folder)
+        os.replace(path + ".tmp", path)
+
+    def disarm(self, armed: tuple) -> list[ChildFigures]:
+        """After the test's teardown: the variable as it was, and what its
+        children reported (none, the common case, costs one failed look)."""
+        folder, before = armed
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+        if _forkserver_lives():
+            self._tell_forkserver("")
+        if not os.access(folder, os.F_OK):
+            return []   # no child wrote (the common case): one system call, no exception
+        children = ChildWatch.peek(armed, done_only=False)
+        shutil.rmtree(folder, ignore_errors=True)
+        return children
+
+    @staticmethod
+    def peek(armed: tuple, done_only: bool = True) -> list[ChildFigures]:
+        """What the test's children reported so far (those that ended, with
+        done_only: the call's verdict judges them), ranks first."""
+        if not os.access(armed[0], os.F_OK):
+            return []
+        try:
+            names = os.listdir(armed[0])
+        except FileNotFoundError:
+            return []
+        children = [read(os.path.join(armed[0], n)) for n in names if n.endswith(".json")]
+        if done_only:
+            children = [c for c in children if c.state == "done"]
+        children.sort(key=lambda c: (c.rank is None, c.rank if c.rank is not None else 0, c.pid))
+        return children
+
+    def close(self) -> None:
+        """The session ends: nothing of a later test's goes to a forkserver's children."""
+        if self.root is not None and _forkserver_lives():
+            self._tell_forkserver("")
+
+
+def read(path: str) -> ChildFigures:
+    """One child's file; a child that never finished writing is missing,
+    and one of another plugin version is refused by name."""
+    name = os.path.basename(path).split(".")[0]
+    pid = int(name) if name.isdigit() else 0
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        pid = int(record.get("pid") or pid)
+    except (OSError, ValueError, AttributeError) as exc:
+        return ChildFigures(pid, f"pid {pid}" if pid else name, state="missing",
+                            why=f"its figures are unreadable: {exc}")
+    label = str(record.get("label") or f"pid {pid}")
+    rank = record.get("rank")
+    child = ChildFigures(pid, label, rank if isinstance(rank, int) else None)
+    if record.get("format") != FORMAT or record.get("version") != __version__:
+        child.state = "missing"
+        child.why = (f"it ran pytest-memlab {record.get('version')} (figures format {record.get('format')}), "
+                     f"this test pytest-memlab {__version__}: install one version for every process")
+        return child
+    if record.get("state") != "done":
+        child.state = "missing"
+        child.why = ("still running after the test's teardown: its figures are not counted"
+                     if _alive(pid) else "it ended without reporting its figures (killed, or crashed)")
+        return child
+    if record.get("error"):
+        child.why = f"part of its measurement was lost: {record['error']}"
+    read_devices(child, record.get("devices") or {})
+    return child
+
+
+def read_devices(child: ChildFigures, devices: dict) -> None:
+    """A figures file's devices into child."""
+    for device, d in devices.items():
+        if not d.get("measured", True):
+            child.devices[device] = DeviceFigures(device, False, reason=str(d.get("reason", "")))
+            continue
+        child.devices[device] = DeviceFigures(
+            device, True, backend="bridge", peak=d.get("peak"), peak_total=d.get("peak_total"),
+            reserved_peak=d.get("reserved_peak"), live=d.get("live"), allocs=d.get("allocs"), frees=d.get("frees"))
+        child.top[device] = list(d.get("top") or [])
+
+
+def _forkserver_lives() -> bool:
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    return getattr(server, "_forkserver_pid", None) is not None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    # A child not yet reaped is a zombie: it has ended.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def across(processes: list[dict]) -> dict[str, dict]:
+    """Per device, the figures across a test's child processes (as the
+    reports keep them: ChildFigures.as_dict()): the highest own peak and
+    the process that reached it, the lowest, and the spread (max - min).
+    Ranks only, where the children have ranks (a DataLoader's workers
+    beside them are not ranks)."""
+    done = [p for p in processes if p.get("state") == "done"]
+    ranked = [p for p in done if p.get("rank") is not None]
+    out: dict[str, dict] = {}
+    for p in ranked or done:
+        for device, d in p.get("devices", {}).items():
+            if d.get("peak") is None:
+                continue
+            a = out.setdefault(device, {"processes": 0, "max": -1, "worst": "", "min": None})
+            a["processes"] += 1
+            if d["peak"] > a["max"]:
+                a["max"], a["worst"] = d["peak"], p["label"]
+            a["min"] = d["peak"] if a["min"] is None else min(a["min"], d["peak"])
+    for a in out.values():
+        a["spread"] = a["max"] - a["min"]
+    return out

@@ -1,0 +1,313 @@
+"""The child's side: a Python process started by a measured test (spawned,
+forked, a subprocess running Python, a DataLoader's worker) measures
+itself and leaves its figures in the test's folder.
+
+Armed by the environment variable :data:`ENV` (a JSON object the parent
+writes: the folder, the devices, the rootdir for line attribution, the
+plugin's version).  A process that has not imported torch allocates no
+tensors: the measurement starts when torch's import finishes (or at once,
+when torch is already imported: a fork), so a child that never imports
+torch costs only this module's import.  The figures are written when the
+process ends: at interpreter exit (atexit), or, in a fork, when it calls
+``os._exit`` (multiprocessing's fork and forkserver children end so).  A
+file saying "running" is written when the measurement starts, so a child
+that crashes or is killed is known to the parent as missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ENV = "MEMLAB_CHILD"
+FORMAT = 1   # the figures file's format
+
+_child = None         # this process's ChildMeasurement, once started
+_config: dict | None = None
+_forks_measured = False
+
+
+def process_startup() -> None:
+    """The start-up hook's entry point: arms this process when the
+    variable is set.  Never raises: a child that cannot be measured runs
+    as it would have, and says so on stderr."""
+    try:
+        text = os.environ.get(ENV)
+        if text:
+            _arm(json.loads(text))
+    except Exception as exc:
+        _say(f"this child process is not measured: {type(exc).__name__}: {exc}")
+
+
+def _say(text: str) -> None:
+    try:
+        sys.stderr.write(f"pytest-memlab (pid {os.getpid()}): {text}\n")
+    except Exception:
+        pass
+
+
+def measure_forks() -> None:
+    """Forks of this process measure themselves while the variable is set
+    (once per process: a handler cannot be taken back)."""
+    global _forks_measured
+    if not _forks_measured:
+        os.register_at_fork(after_in_child=after_fork_in_child)
+        _forks_measured = True
+
+
+def _arm(config: dict) -> None:
+    global _config
+    _config = config
+    measure_forks()
+    if "torch" in sys.modules:
+        _start(config)
+    else:
+        sys.meta_path.insert(0, _TorchImportHook(config))
+
+
+def after_fork_in_child() -> None:
+    """A fork of a process whose measured test is running (the pytest
+    process, registered by the plugin) or of a measured child: the fork
+    measures itself from here.  What the parent was measuring is the
+    parent's: this process's figures start at zero."""
+    global _child
+    try:
+        text = os.environ.get(ENV)
+        if not text:
+            return
+        _child = None   # a measured child's fork: its own figures, in a file of its own
+        config = _config if _config is not None and json.dumps(_config) == text else json.loads(text)
+        if "torch" in sys.modules:
+            _start(config, forked=True)
+    except Exception as exc:
+        _say(f"this forked process is not measured: {type(exc).__name__}: {exc}")
+
+
+class _TorchImportHook:
+    """Starts the measurement when torch's import finishes (a meta path
+    finder that steps aside after torch is found)."""
+
+    def __init__(self, config: dict):
+        self.config = config
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+        config = self.config
+
+        def exec_module_then_measure(module):
+            exec_module(module)
+            try:
+                _start(config)
+            except Exception as exc:
+                _say(f"this child process is not measured: {type(exc).__name__}: {exc}")
+
+        spec.loader.exec_module = exec_module_then_measure
+        return spec
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _start(config: dict, forked: bool = False) -> None:
+    global _child
+    if _child is not None:
+        return
+    folder = current_folder(config["dir"])
+    if not folder:
+        return   # a forkserver's child while no test is measured
+    _child = ChildMeasurement(dict(config, dir=folder), forked)
+    _child.begin()
+
+
+CURRENT = "current"   # in the session's folder: the measured test's folder, while a forkserver lives
+
+
+def current_folder(folder: str) -> str:
+    """The folder of the test running now.  A forkserver lives across
+    tests, and its children inherit its environment, from the test that
+    started it: the parent keeps the current test's folder in a file
+    beside the tests' folders while a forkserver lives ("" between
+    measured tests)."""
+    try:
+        with open(os.path.join(os.path.dirname(folder), CURRENT)) as f:
+            return f.read()
+    except OSError:
+        return folder
+
+
+class ChildMeasurement:
+    """This process's measurement, from start to exit."""
+
+    def __init__(self, config: dict, forked: bool):
+        self.config = config
+        self.forked = forked
+        self.pid = os.getpid()
+        self.path = os.path.join(config["dir"], f"{self.pid}.json")
+        self.measurement = None
+        self.error = ""
+        self.done = False
+
+    def begin(self) -> None:
+        from ..engine.backend import core
+        from ..engine.tracing import tracing
+        from ..measuring.measurement import Measurement
+
+        if not self.forked:   # a fork keeps its parent's path rule
+            tracing.scope.configure(self.config.get("rootdir"), self.config.get("include") or ())
+        self.measurement = Measurement(core(), self._devices(), trace=True)
+        os.makedirs(self.config["dir"], exist_ok=True)
+        self._write("running", {})
+        self.measurement.begin()
+        from ..engine.tracing import WINDOWED
+
+        if WINDOWED and not self.forked:
+            # The whole process is user code: one window, open to the end
+            # (a fork runs inside its parent's window).
+            self.measurement.window().__enter__()
+        import atexit
+
+        atexit.register(self.finish)
+        # Forks (multiprocessing's fork and forkserver children) end with
+        # os._exit, which runs no atexit handler.
+        _finish_before_exit(self)
+
+    def _devices(self) -> list[str]:
+        """The test's devices; for CUDA, every CUDA device this process
+        sees (a rank picks its own GPU after start-up: its budget is judged
+        where its own peak was highest)."""
+        devices = [d for d in self.config["devices"] if not d.startswith("cuda")]
+        if len(devices) < len(self.config["devices"]):
+            import torch
+
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            devices += [f"cuda:{i}" for i in range(count)] or ["cuda:0"]
+        return devices
+
+    def finish(self) -> None:
+        """The figures, once, into the folder (atomically: the parent never
+        reads half a file)."""
+        if self.done or self.pid != os.getpid():
+            return
+        self.done = True
+        devices = {}
+        try:
+            devices = devices_record(self.measurement.end(), int(self.config.get("top", 5)))
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+        self._write("done", devices)
+
+    def _write(self, state: str, devices: dict) -> None:
+        inherited = self.config.get("parent_rank")
+        write_record(self.path, state, devices, self.error, _label(inherited), _rank(inherited))
+
+
+def devices_record(figures: dict, top: int) -> dict:
+    """A process's figures (device -> DeviceFigures) as its file keeps them."""
+    devices = {}
+    for device, f in figures.items():
+        if not f.measured:
+            devices[device] = {"measured": False, "reason": f.reason}
+            continue
+        lines = sorted((ln for ln in f.lines if ln.allocated > 0), key=lambda ln: -ln.allocated)
+        devices[device] = {
+            "peak": f.peak, "peak_total": f.peak_total, "reserved_peak": f.reserved_peak,
+            "live": f.live, "allocs": f.allocs, "frees": f.frees,
+            "top": [{**ln.frame.as_dict(), "bytes": ln.allocated, "peak_total": ln.peak_total}
+                    for ln in lines[:top]],
+        }
+    return devices
+
+
+def write_record(path: str, state: str, devices: dict, error: str, label: str, rank) -> None:
+    """A process's figures file, written atomically (its reader never sees
+    half of one): a measured child's, or a rank's per test."""
+    from .. import __version__   # this process's own, which the reader checks against its own
+
+    record = {"format": FORMAT, "version": __version__, "pid": os.getpid(),
+              "ppid": os.getppid(), "state": state, "label": label, "rank": rank,
+              "argv": " ".join(sys.argv)[:200], "devices": devices, "error": error}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def _finish_before_exit(child: ChildMeasurement) -> None:
+    """This process's os._exit writes the figures first."""
+    real_exit = os._exit
+
+    def _exit(code):
+        try:
+            child.finish()
+        except Exception:
+            pass
+        real_exit(code)
+
+    os._exit = _exit
+
+
+def _rank(inherited: str | None = None) -> int | None:
+    """The process's rank, where it has one: RANK (torchrun, env://; not
+    the one inherited from a parent that is itself a rank, which a
+    DataLoader worker of a rank has), the process group's, or
+    torch.multiprocessing.spawn's process index."""
+    value = os.environ.get("RANK")
+    if value is not None and value != inherited and value.strip().lstrip("-").isdigit():
+        return int(value)
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    process = _current_process()
+    target = getattr(process, "_target", None)
+    if target is not None and getattr(target, "__module__", "") == "torch.multiprocessing.spawn":
+        args = getattr(process, "_args", ())
+        if len(args) > 1 and isinstance(args[1], int):
+            return args[1]
+    return None
+
+
+def _current_process():
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return None
+    try:
+        process = mp.current_process()
+    except Exception:
+        return None
+    return None if process.name == "MainProcess" else process
+
+
+def _label(inherited: str | None = None) -> str:
+    """What the reports call this process: its rank, its DataLoader worker
+    id, its multiprocessing name, or its command line."""
+    rank = _rank(inherited)
+    if rank is not None:
+        return f"rank {rank}"
+    data = sys.modules.get("torch.utils.data")
+    if data is not None:
+        try:
+            info = data.get_worker_info()
+        except Exception:
+            info = None
+        if info is not None:
+            return f"DataLoader worker {info.id}"
+    process = _current_process()
+    if process is not None:
+        return process.name
+    argv = [a for a in sys.argv if a]
+    return "python " + " ".join(argv)[:60] if argv else "python"

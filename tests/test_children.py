@@ -1,0 +1,297 @@
+"""A measured test's child processes, measured too (CPU, through pytester):
+spawned ranks, multiprocessing's fork and forkserver, a subprocess running
+Python, a DataLoader's workers, a DDP training step with gloo; each child's
+own peak exact against the bytes it allocated; a budget judged per rank;
+a child that crashes; a test that is not measured arms nothing."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import has_torch, requires_torch
+
+pytestmark = requires_torch
+
+# pytester's in-process runs take out of sys.modules what each run imported:
+# a module with process-wide state (a forkserver, the fork handler, the
+# children's folder) would be imported afresh by the next run.  Imported
+# once, here.
+import multiprocessing.forkserver  # noqa: E402,F401
+import multiprocessing.spawn  # noqa: E402,F401
+
+import pytest_memlab.children.gathering  # noqa: E402,F401
+
+if has_torch():
+    import torch.distributed  # noqa: F401
+    import torch.multiprocessing  # noqa: F401
+    import torch.utils.data  # noqa: F401
+
+MiB = 2**20
+
+HEADER = """
+import multiprocessing as mp, os, subprocess, sys
+import pytest, torch
+import torch.multiprocessing as tmp
+MiB = 2**20
+
+def own(n):
+    x = torch.empty(n, dtype=torch.uint8)
+    x.fill_(1)
+    return x
+"""
+
+
+def run(inner, body, *args):
+    inner.makepyfile(test_kids=HEADER + body)
+    result = inner.runpytest_inprocess("-v", "--memlab-json=r.json", *args)
+    data = json.loads((inner.path / "r.json").read_text()) if (inner.path / "r.json").exists() else None
+    return result, data
+
+
+def processes(data, name):
+    test = next(t for t in data["tests"] if t["nodeid"].endswith(name))
+    return test.get("processes", []), test
+
+
+def peaks(procs, device="cpu"):
+    return {p["label"]: p["devices"][device]["peak"] for p in procs if p["state"] == "done"}
+
+
+SPAWN = """
+def work(rank):
+    x = own((rank + 1) * MiB)
+    del x
+    y = own(MiB // 2)
+
+def test_spawn():
+    tmp.spawn(work, nprocs=2)
+"""
+
+
+def test_spawned_ranks_each_measured_exactly(inner):
+    result, data = run(inner, SPAWN)
+    assert result.ret == 0
+    procs, test = processes(data, "test_spawn")
+    # Each rank's own peak is the bytes it held at once: its first tensor
+    # (freed before the second).
+    assert peaks(procs) == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}
+    assert [p["rank"] for p in procs] == [0, 1]
+    assert test["across_processes"]["cpu"] == {"processes": 2, "max": 2 * MiB, "worst": "rank 1",
+                                               "min": 1 * MiB, "spread": 1 * MiB}
+    top = procs[1]["devices"]["cpu"]["top"]
+    assert top[0]["file"] == "test_kids.py" and top[0]["function"] == "own" and top[0]["bytes"] == 2 * MiB + MiB // 2
+    # the parent's own figure is its own: the ranks' tensors are not in it
+    assert test["devices"]["cpu"]["peak"] < MiB
+    result.stdout.fnmatch_lines([
+        "test_kids.py::test_spawn: 2 child processes",
+        "  cpu own peak: rank 0 1.0 MiB, rank 1 2.0 MiB; max 2.0 MiB (rank 1), spread 1.0 MiB",
+    ])
+
+
+def test_a_budget_applies_to_each_rank_and_the_failure_names_the_rank(inner):
+    result, data = run(inner, SPAWN.replace("def test_spawn", '@pytest.mark.cpu_memory(max="1.5M")\ndef test_spawn'))
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        "*_ test_spawn _*",
+        "rank 1 (pid *): cpu peak 2.0 MiB exceeds max 1.5 MiB by 512.0 KiB",
+        "     2.5 MiB  allocated at test_kids.py:* own",
+        "  every process's peak on cpu: rank 0 1.0 MiB, rank 1 2.0 MiB",
+        "  exactly 2097152 B against 1572864 B",
+    ])
+    assert "rank 0 (pid" not in result.stdout.str()
+    procs, test = processes(data, "test_spawn")
+    assert test["failed_by_memlab"] == ["cpu max [rank 1]"]
+    assert test["outcome"] == "failed"   # the call failed, as an exceeded budget of its own would
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_multiprocessing_children_each_measured(inner, method):
+    result, data = run(inner, f"""
+def child(n):
+    x = own(n)
+
+def test_mp():
+    ctx = mp.get_context("{method}")
+    ps = [ctx.Process(target=child, args=((i + 2) * MiB,)) for i in range(2)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    assert [p.exitcode for p in ps] == [0, 0]
+""")
+    assert result.ret == 0, result.stdout.str()
+    procs, _ = processes(data, "test_mp")
+    assert sorted(peaks(procs).values()) == [2 * MiB, 3 * MiB], procs
+    assert all(p["rank"] is None for p in procs)
+
+
+def test_a_forkserver_that_outlives_its_test_measures_each_test_into_its_own(inner):
+    """The forkserver starts in the first test, with its environment; the
+    second test's children are the second test's, and a test that is not
+    measured gets none."""
+    result, data = run(inner, """
+def child(n):
+    x = own(n)
+
+def start(n):
+    p = mp.get_context("forkserver").Process(target=child, args=(n,))
+    p.start(); p.join()
+    assert p.exitcode == 0
+
+def test_first():
+    start(2 * MiB)
+
+def test_second():
+    start(3 * MiB)
+
+@pytest.mark.skip
+def test_skipped():
+    pass
+""", "-p", "no:randomly")
+    assert result.ret == 0, result.stdout.str()
+    assert list(peaks(processes(data, "test_first")[0]).values()) == [2 * MiB]
+    assert list(peaks(processes(data, "test_second")[0]).values()) == [3 * MiB]
+
+
+def test_a_subprocess_running_python_is_measured(inner):
+    result, data = run(inner, """
+def test_sub():
+    subprocess.run([sys.executable, "-c", "import torch; x = torch.empty(5 * 2**20, dtype=torch.uint8)"], check=True)
+    subprocess.run([sys.executable, "-c", "print('no torch here')"], check=True)
+""")
+    assert result.ret == 0
+    procs, _ = processes(data, "test_sub")
+    # the child that never imported torch allocated no tensor: nothing to report
+    assert [(p["label"], p["devices"]["cpu"]["peak"]) for p in procs] == [("python -c", 5 * MiB)]
+
+
+def test_dataloader_workers_are_measured(inner):
+    result, data = run(inner, """
+from torch.utils.data import DataLoader
+
+def collate(batch):
+    return own(MiB)          # each batch: 1 MiB, made in a worker
+
+def test_loader():
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=2, collate_fn=collate)
+    sizes = [b.numel() for b in loader]
+    assert sizes == [MiB] * 4
+""")
+    assert result.ret == 0, result.stdout.str()
+    procs, _ = processes(data, "test_loader")
+    assert sorted(p["label"] for p in procs) == ["DataLoader worker 0", "DataLoader worker 1"]
+    for p in procs:
+        # a worker's batches go to the parent through shared memory, one
+        # at a time per prefetch slot: at least one batch was held at once
+        assert p["devices"]["cpu"]["peak"] >= MiB, p
+
+
+def test_ddp_training_step_with_gloo_per_rank(inner):
+    result, data = run(inner, """
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def step(rank, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(256, 256))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(32, 256)).sum().backward()
+    opt.step()
+    dist.destroy_process_group()
+
+def test_ddp():
+    import socket
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    tmp.spawn(step, args=(port,), nprocs=2)
+""")
+    assert result.ret == 0, result.stdout.str()
+    procs, test = processes(data, "test_ddp")
+    assert [p["label"] for p in procs] == ["rank 0", "rank 1"]
+    weights = (256 * 256 + 256) * 4
+    for p in procs:
+        # the model's weights, their gradients and DDP's buckets at least
+        assert p["devices"]["cpu"]["peak"] >= 2 * weights, p
+    assert set(test["across_processes"]["cpu"]) == {"processes", "max", "worst", "min", "spread"}
+
+
+def test_a_child_that_crashes_is_reported_missing_and_the_parent_stays_sound(inner):
+    result, data = run(inner, """
+def test_crash():
+    x = own(3 * MiB)
+    p = subprocess.run([sys.executable, "-c",
+                        "import os, torch; x = torch.empty(2**20, dtype=torch.uint8); os.abort()"])
+    assert p.returncode != 0
+""")
+    assert result.ret == 0
+    procs, test = processes(data, "test_crash")
+    assert [p["state"] for p in procs] == ["missing"]
+    assert "ended without reporting its figures (killed, or crashed)" in procs[0]["why"]
+    assert test["devices"]["cpu"]["peak"] == 3 * MiB
+    result.stdout.fnmatch_lines(["  python -c (pid *): no figures: it ended without reporting its figures*"])
+
+
+CHECK_ENV = """
+def test_unmarked():
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('MEMLAB_CHILD'))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "None"
+"""
+
+
+def test_no_child_is_armed_when_the_test_is_not_measured(inner):
+    inner.makepyfile(test_kids=HEADER + CHECK_ENV)
+    assert inner.runpytest_inprocess("-v").ret == 0   # no --memlab: not measured
+
+
+def test_memlab_children_off_arms_nothing(inner):
+    result, data = run(inner, CHECK_ENV, "--memlab-children=off")
+    assert result.ret == 0
+    assert "processes" not in data["tests"][0]
+
+
+def test_a_bad_memlab_children_value_is_a_usage_error(inner):
+    inner.makepyfile(test_kids=HEADER + CHECK_ENV)
+    result = inner.runpytest_inprocess("--memlab-children=maybe")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--memlab-children*'maybe' is not one of on, off*"])
+
+
+def test_a_child_of_another_plugin_version_is_refused_by_name(inner, tmp_path):
+    """The child imports another copy of pytest-memlab (PYTHONPATH first):
+    its figures are not mixed into this test's, and the report says why."""
+    import pytest_memlab
+
+    other = tmp_path / "other"
+    shutil.copytree(os.path.dirname(pytest_memlab.__file__), other / "pytest_memlab")
+    init = other / "pytest_memlab" / "__init__.py"
+    init.write_text(init.read_text().replace('__version__ = "', '__version__ = "0.0.1-other+'))
+    result, data = run(inner, f"""
+def test_other():
+    env = dict(os.environ, PYTHONPATH={str(other)!r})
+    subprocess.run([sys.executable, "-c", "import torch; x = torch.empty(2**20, dtype=torch.uint8)"],
+                   check=True, env=env)
+""")
+    assert result.ret == 0
+    procs, _ = processes(data, "test_other")
+    assert [p["state"] for p in procs] == ["missing"]
+    assert "it ran pytest-memlab 0.0.1-other+" in procs[0]["why"]
+    assert "install one version for every process" in procs[0]["why"]
+
+
+def test_the_startup_hook_is_inert_without_the_variable():
+    """The .pth line the plugin installs runs in every Python start: without
+    the variable it imports nothing of memlab's."""
+    from pytest_memlab.children import startup_hook
+
+    assert startup_hook.ensure() == ""
+    assert open(startup_hook.hook_path()).read() == startup_hook.LINE
+    env = {k: v for k, v in os.environ.items() if k != "MEMLAB_CHILD"}
+    out = subprocess.run([sys.executable, "-c", "import sys; print(sorted(m for m in sys.modules if m.startswith('pytest_memlab')))"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "[]"

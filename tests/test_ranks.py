@@ -1,0 +1,123 @@
+"""A session run once per rank: ``torchrun --nproc-per-node 2 -m pytest``
+on the CPU with gloo.  Each rank measures its own process; rank 0 gathers
+every rank's figures of each test, judges each rank's budget, names the
+rank that broke it, and says which rank did not report."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import requires_torch
+
+pytestmark = requires_torch
+
+MiB = 2**20
+
+SUITE = """
+import os, pytest, torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+MiB = 2**20
+RANK = int(os.environ["RANK"])
+
+@pytest.fixture(scope="session", autouse=True)
+def group():
+    dist.init_process_group("gloo")
+    yield
+    dist.destroy_process_group()
+
+def own(n):
+    x = torch.empty(n, dtype=torch.uint8)
+    x.fill_(1)
+    return x
+
+def test_per_rank():
+    x = own((RANK + 1) * MiB)
+
+@pytest.mark.cpu_memory(max="1.5M")
+def test_budget():
+    x = own((RANK + 1) * MiB)
+
+def test_ddp_step():
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(256, 256))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(32, 256)).sum().backward()
+    opt.step()
+    dist.barrier()
+"""
+
+
+def torchrun(pytester, *args, timeout=240):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", *args]
+    return subprocess.run(cmd, cwd=pytester.path, capture_output=True, text=True, timeout=timeout)
+
+
+def test_rank_zero_gathers_every_ranks_figures_and_judges_each_rank(inner):
+    inner.makepyfile(test_ranked=SUITE)
+    proc = torchrun(inner, "--memlab-json=r.json", "test_ranked.py")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out    # test_budget fails on rank 1 (and on rank 0, naming rank 1)
+    data = json.loads((inner.path / "r.json").read_text())   # rank 0's: only rank 0 writes reports
+    tests = {t["nodeid"].split("::")[1]: t for t in data["tests"]}
+
+    per_rank = tests["test_per_rank"]
+    peaks = {p["label"]: p["devices"]["cpu"]["peak"] for p in per_rank["processes"]}
+    assert peaks == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}   # exact: each rank's own tensor
+    assert per_rank["across_processes"]["cpu"] == {"processes": 2, "max": 2 * MiB, "worst": "rank 1",
+                                                   "min": 1 * MiB, "spread": 1 * MiB}
+
+    budget = tests["test_budget"]
+    assert budget["outcome"] == "error"       # on rank 0: its own figure held; rank 1's is judged at teardown
+    assert budget["failed_by_memlab"] == ["cpu max [rank 1]"]
+    # rank 0 names rank 1 (rank 1 fails its own test as well, in its own words)
+    assert "rank 1 (pid " in out and "): cpu peak 2.0 MiB exceeds max 1.5 MiB by 512.0 KiB" in out
+    assert "every process's peak on cpu: rank 0 1.0 MiB, rank 1 2.0 MiB" in out
+
+    ddp = tests["test_ddp_step"]
+    weights = (256 * 256 + 256) * 4
+    assert [p["label"] for p in ddp["processes"]] == ["rank 0", "rank 1"]
+    for p in ddp["processes"]:
+        assert p["devices"]["cpu"]["peak"] >= 2 * weights, p   # weights' gradients and DDP's buckets
+    assert "rank 1 of 2: rank 0 gathers every rank's figures" in out
+
+
+def test_a_rank_that_never_reports_is_named_and_the_run_does_not_hang(inner):
+    inner.makepyfile(test_ranked=SUITE.replace('''def test_per_rank():
+    x = own((RANK + 1) * MiB)''', '''def test_per_rank():
+    x = own((RANK + 1) * MiB)
+    if RANK == 1:
+        os._exit(0)   # rank 1 is gone: it reports nothing more''').replace("dist.barrier()", "pass").replace(
+        '''    yield
+    dist.destroy_process_group()''', "    yield"))
+    proc = torchrun(inner, "--memlab-json=r.json", "--memlab-rank-timeout=3", "test_ranked.py",
+                    "-k", "per_rank or ddp_step")
+    out = proc.stdout + proc.stderr
+    data = json.loads((inner.path / "r.json").read_text())
+    tests = {t["nodeid"].split("::")[1]: t for t in data["tests"]}
+    for name in ("test_per_rank", "test_ddp_step"):
+        missing = [p for p in tests[name]["processes"] if p["state"] == "missing"]
+        assert [p["label"] for p in missing] == ["rank 1"], tests[name]
+        assert "did not report its figures of this test within 3 s (--memlab-rank-timeout)" in missing[0]["why"]
+    assert "rank 1 (pid 0): no figures: rank 1 did not report" in out
+
+
+def test_ranks_with_xdist_workers_is_refused_when_every_test_is_measured(inner):
+    inner.makepyfile(test_x="def test_a():\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--memlab", "-n", "2"],
+                          cwd=inner.path, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "RANK": "0", "WORLD_SIZE": "2"})
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "cannot also run pytest-xdist workers (-n)" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan"])
+def test_a_bad_rank_timeout_is_a_usage_error(inner, value):
+    inner.makepyfile(test_x="def test_a():\n    pass\n")
+    result = inner.runpytest_inprocess(f"--memlab-rank-timeout={value}")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines([f"*--memlab-rank-timeout*{value!r} is not a number of seconds above 0*"])
