@@ -1,0 +1,105 @@
+"""Ranks on CUDA, one GPU: two ranks share cuda:0 with gloo, spawned by the
+test and under torchrun.  Each rank's own CUDA peak must equal what the
+rank itself reads from torch.cuda.max_memory_allocated after resetting it
+at its start (its allocations are its own: no other tensor lives in it)."""
+
+import json
+import subprocess
+import sys
+
+from conftest import requires_cuda
+
+pytestmark = requires_cuda
+
+MiB = 2**20
+
+SPAWNED = """
+import json, os, pytest, torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+MiB = 2**20
+
+def rank_main(rank, port, out):
+    torch.cuda.set_device(0)
+    torch.cuda.reset_peak_memory_stats(0)
+    start = torch.cuda.memory_allocated(0)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    x = torch.empty((rank + 1) * MiB, dtype=torch.uint8, device="cuda")
+    y = torch.empty((rank + 1) * MiB // 2, dtype=torch.uint8, device="cuda")
+    del x, y
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"max": torch.cuda.max_memory_allocated(0) - start}, f)
+
+@pytest.mark.cuda_memory(max="2M")
+def test_spawned(tmp_path):
+    import socket
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    tmp.spawn(rank_main, args=(port, str(tmp_path)), nprocs=2)
+    for r in (0, 1):
+        print("BY HAND", r, json.load(open(tmp_path / f"rank{r}.json"))["max"])
+"""
+
+
+def by_hand(text: str) -> dict:
+    return {int(line.split()[2]): int(line.split()[3]) for line in text.splitlines() if line.startswith("BY HAND")}
+
+
+def test_two_spawned_ranks_on_one_gpu_exact_against_max_memory_allocated(inner):
+    inner.makepyfile(test_spawned=SPAWNED)
+    result = inner.runpytest_subprocess("-s", "--memlab-json=r.json", "-p", "no:randomly")
+    out = result.stdout.str()
+    hand = by_hand(out)
+    assert hand == {0: int(1.5 * MiB), 1: 3 * MiB}, out
+    data = json.loads((inner.path / "r.json").read_text())
+    test = data["tests"][0]
+    peaks = {p["rank"]: p["devices"]["cuda:0"]["peak"] for p in test["processes"]}
+    assert peaks == hand, test["processes"]
+    # the 2 MiB budget holds for rank 0 and not for rank 1: named
+    assert test["failed_by_memlab"] == ["cuda:0 max [rank 1]"]
+    result.stdout.fnmatch_lines(["*rank 1 (pid *): cuda:0 peak 3.0 MiB exceeds max 2.0 MiB by 1.0 MiB*"])
+
+
+TORCHRUN = """
+import os, pytest, torch
+import torch.distributed as dist
+
+MiB = 2**20
+RANK = int(os.environ["RANK"])
+
+@pytest.fixture(scope="session", autouse=True)
+def group():
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo")
+    yield
+    dist.destroy_process_group()
+
+def test_per_rank():
+    torch.cuda.reset_peak_memory_stats(0)
+    start = torch.cuda.memory_allocated(0)
+    x = torch.empty((RANK + 1) * MiB, dtype=torch.uint8, device="cuda")
+    t = torch.ones(8, device="cuda") * RANK
+    dist.all_reduce(t.cpu())
+    del x, t
+    print(f"BY HAND {RANK} {torch.cuda.max_memory_allocated(0) - start}", flush=True)
+"""
+
+
+def test_torchrun_ranks_sharing_one_gpu_exact_against_max_memory_allocated(inner):
+    inner.makepyfile(test_ranked=TORCHRUN)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-s",
+                           "--memlab-json=r.json", "test_ranked.py"],
+                          cwd=inner.path, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    hand = by_hand(out)
+    assert set(hand) == {0, 1}, out
+    data = json.loads((inner.path / "r.json").read_text())
+    test = data["tests"][0]
+    peaks = {p["rank"]: p["devices"]["cuda:0"]["peak"] for p in test["processes"]}
+    assert peaks == hand, (test["processes"], out)
+    assert test["across_processes"]["cuda:0"]["worst"] == "rank 1"
