@@ -295,3 +295,30 @@ def test_the_startup_hook_is_inert_without_the_variable():
     out = subprocess.run([sys.executable, "-c", "import sys; print(sorted(m for m in sys.modules if m.startswith('pytest_memlab')))"],
                          capture_output=True, text=True, env=env, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_baselines_keep_each_rank_and_a_rank_that_grew_fails_named(inner, monkeypatch):
+    body = """
+def work(rank):
+    grow = int(os.environ.get("GROW", "0"))
+    x = own((rank + 1 + grow * rank) * MiB)
+
+def test_spawn():
+    tmp.spawn(work, nprocs=2)
+"""
+    result, _ = run(inner, body, "--memlab-baseline=bl.json", "--memlab-update-baseline")
+    assert result.ret == 0
+    entries = json.loads((inner.path / "bl.json").read_text())["tests"]["test_kids.py::test_spawn"]
+    assert entries["cpu@rank 0"]["peak"] == 1 * MiB and entries["cpu@rank 1"]["peak"] == 2 * MiB
+    assert "cpu" in entries   # the test's own process, as before
+
+    result, data = run(inner, body, "--memlab-baseline=bl.json")
+    assert result.ret == 0   # the same again: every rank within the tolerance
+
+    monkeypatch.setenv("GROW", "1")   # rank 1 now holds 3 MiB, rank 0 the same 1 MiB
+    result, data = run(inner, body, "--memlab-baseline=bl.json")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["rank 1 (pid *): cpu peak grew from 2.0 MiB to 3.0 MiB (+50.0%), over the "
+                                 "tolerance 2%,64KiB (baseline bl.json)"])
+    assert "rank 0 (pid" not in result.stdout.str()
+    assert processes(data, "test_spawn")[1]["failed_by_memlab"] == ["cpu baseline [rank 1]"]

@@ -59,9 +59,14 @@ def torchrun(pytester, *args, timeout=240):
 
 def test_rank_zero_gathers_every_ranks_figures_and_judges_each_rank(inner):
     inner.makepyfile(test_ranked=SUITE)
-    proc = torchrun(inner, "--memlab-json=r.json", "test_ranked.py")
+    proc = torchrun(inner, "--memlab-json=r.json", "--memlab-baseline=bl.json", "--memlab-update-baseline",
+                    "test_ranked.py")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out    # test_budget fails on rank 1 (and on rank 0, naming rank 1)
+    # rank 0 writes the baseline: its own figures as the test's, every other rank's beside them
+    entries = json.loads((inner.path / "bl.json").read_text())["tests"]["test_ranked.py::test_per_rank"]
+    assert entries["cpu"]["peak"] == 1 * MiB and entries["cpu@rank 1"]["peak"] == 2 * MiB
+    assert "cpu@rank 0" not in entries
     data = json.loads((inner.path / "r.json").read_text())   # rank 0's: only rank 0 writes reports
     tests = {t["nodeid"].split("::")[1]: t for t in data["tests"]}
 

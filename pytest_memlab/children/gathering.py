@@ -38,12 +38,15 @@ class ChildFigures:
     why: str = ""                   # what is missing, and why
     devices: dict = field(default_factory=dict)   # device -> DeviceFigures
     top: dict = field(default_factory=dict)       # device -> heaviest lines [{file, line, function, bytes, peak_total}]
+    own: bool = False               # the test's own process (rank 0 under torchrun), listed among the ranks
 
     def as_dict(self) -> dict:
         """What the reports keep of it."""
         out = {"pid": self.pid, "label": self.label, "rank": self.rank, "state": self.state, "devices": {}}
         if self.why:
             out["why"] = self.why
+        if self.own:
+            out["own"] = True
         for device, f in self.devices.items():
             if not f.measured:
                 out["devices"][device] = {"measured": False, "reason": f.reason}
@@ -232,3 +235,38 @@ def across(processes: list[dict]) -> dict[str, dict]:
     for a in out.values():
         a["spread"] = a["max"] - a["min"]
     return out
+
+
+def device_of(devices: dict, device: str):
+    """A process's figures (device -> figures, as DeviceFigures or as the
+    reports' dicts) for the test's device: the same device, or for CUDA the
+    CUDA device where its own peak was highest (a rank's own GPU)."""
+    if not device.startswith("cuda"):
+        return devices.get(device)
+
+    def peak(f):
+        return f.get("peak") if isinstance(f, dict) else (f.peak if f.measured else None)
+
+    cuda = [f for d, f in devices.items() if d.startswith("cuda") and peak(f) is not None]
+    return max(cuda, key=peak) if cuda else None
+
+
+RANK_KEY = "{device}@rank {rank}"   # a rank's baseline entry, beside the test's own device's
+
+
+def rank_entries(result) -> dict:
+    """A result's ranks (children with a rank, not the test's own process)
+    as baseline entries: device@rank N -> figures."""
+    entries = {}
+    for p in result.processes:
+        if p.get("rank") is None or p.get("state") != "done" or p.get("own"):
+            continue
+        for d in result.devices.values():
+            if not d.measured:
+                continue
+            f = device_of(p.get("devices", {}), d.device)
+            if f is None or f.get("peak") is None:
+                continue
+            entries[RANK_KEY.format(device=d.name or d.device, rank=p["rank"])] = {
+                "peak": f["peak"], "peak_total": f.get("peak_total"), "reserved_peak": None, "leaked": None}
+    return entries

@@ -121,6 +121,7 @@ class Change:
     allowed: int
     tolerance: str
     path: str
+    process: str = ""  # a rank of the test ("rank 1"); "" the test's own
 
     @property
     def kind(self) -> str:
@@ -132,7 +133,8 @@ class Change:
 
     @property
     def key(self) -> str:
-        return f"{self.device} baseline" if self.kind == "regressed" else f"{self.device} improvement"
+        own = f"{self.device} baseline" if self.kind == "regressed" else f"{self.device} improvement"
+        return f"{own} [{self.process}]" if self.process else own
 
 
 def compare(device: str, old: int, new: int, tolerance, path) -> Change:

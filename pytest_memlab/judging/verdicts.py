@@ -15,6 +15,7 @@ import warnings
 
 import re
 
+from ..children.gathering import RANK_KEY, device_of
 from .findings import Cache, Change, Exceeded, Growth
 from .messages import baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report
 
@@ -50,14 +51,6 @@ def exceeded(device: str, figures, spec) -> list[Exceeded]:
         if budget is not None and value is not None and value > budget:
             out.append(Exceeded(device, what, value, name, budget))
     return out
-
-
-def _childs_device(child, device: str):
-    """A child's figures for the test's device (see _children_findings)."""
-    if not device.startswith("cuda"):
-        return child.devices.get(device)
-    cuda = [f for d, f in child.devices.items() if d.startswith("cuda") and f.measured and f.peak is not None]
-    return max(cuda, key=lambda f: f.peak) if cuda else None
 
 
 def has_budget(spec) -> bool:
@@ -234,7 +227,7 @@ class Verdicts:
             if not has_budget(spec):
                 continue
             for child in run.children:
-                figures = _childs_device(child, device)
+                figures = device_of(child.devices, device)
                 if figures is None:
                     continue
                 for e in exceeded(figures.device, figures, spec):
@@ -275,4 +268,31 @@ class Verdicts:
                 run.failed[change.key] = change
                 failures.append(baseline_failure(change, figures, options.top,
                                                  measurement.context(device, figures.seq_at_peak)))
+        failures += self._compare_ranks(run, final)
+        return failures
+
+    def _compare_ranks(self, run, final: bool) -> list[str]:
+        """Each rank (a child with a rank; under torchrun, every rank but
+        the test's own) against its own baseline entry: a rank that grew
+        fails the test, named."""
+        baseline, options, failures = self.session.baseline, self.options, []
+        for child in run.children:
+            if child.rank is None or child.state != "done":
+                continue
+            for spec, device in run.devices:
+                key = RANK_KEY.format(device=run.names.get(device, device), rank=child.rank)
+                entry = baseline.entry(self.session.env, run.nodeid, key)
+                figures = device_of(child.devices, device)
+                if entry is None or entry.get("peak") is None or figures is None or figures.peak is None:
+                    continue
+                change = compare(figures.device, entry["peak"], figures.peak, spec.tolerance or options.tolerance,
+                                 options.baseline)
+                change = Change(change.device, change.old, change.new, change.allowed, change.tolerance,
+                                change.path, child.label)
+                if options.update_baseline or change.key in run.failed:
+                    continue
+                if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):
+                    run.failed[change.key] = change
+                    text = baseline_failure(change, figures, options.top)
+                    failures.append(f"{child.label} (pid {child.pid}): {text}")
         return failures

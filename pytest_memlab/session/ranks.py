@@ -106,7 +106,7 @@ class RankSide:
 
     def own(self, run) -> ChildFigures:
         """Rank 0's own figures, as the reports list every rank."""
-        child = ChildFigures(os.getpid(), f"rank {self.rank}", self.rank)
+        child = ChildFigures(os.getpid(), f"rank {self.rank}", self.rank, own=True)
         read_devices(child, devices_record(run.figures or {}, self.top))
         return child
 

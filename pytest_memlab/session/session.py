@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 
-from ..children.gathering import ChildWatch
+from ..children.gathering import ChildWatch, rank_entries
 from ..devices import cuda_available
 from ..engine.backend import core
 from ..judging.baseline_file import (Baseline, BaselineError, environment_differences, environment_info,
@@ -270,6 +270,8 @@ class MemlabSession:
         written, skipped = {}, []
         for nodeid, result in self.results.items():
             devices = {d.name or d.device: d.baseline_entry() for d in result.devices.values() if d.measured}
+            if devices:
+                devices.update(rank_entries(result))   # each rank's own, compared rank by rank
             if not devices:
                 continue
             if result.usable:
