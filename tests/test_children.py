@@ -322,3 +322,21 @@ def test_spawn():
                                  "tolerance 2%,64KiB (baseline bl.json)"])
     assert "rank 0 (pid" not in result.stdout.str()
     assert processes(data, "test_spawn")[1]["failed_by_memlab"] == ["cpu baseline [rank 1]"]
+
+
+def test_the_html_report_lists_each_rank(inner, tmp_path):
+    from test_reports import CHROMIUM
+
+    inner.makepyfile(test_kids=HEADER + SPAWN)
+    result = inner.runpytest_inprocess("--memlab-html=r.html", "--memlab-details=all")
+    assert result.ret == 0
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (ci/install installs Debian's chromium)")
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
+                          "--dump-dom", (inner.path / "r.html").as_uri() + "#test=0"],
+                         capture_output=True, text=True, timeout=120)
+    assert "data-errors" not in dom.stdout.split("<body", 1)[0], dom.stdout[:500]
+    table = dom.stdout.split('<table id="processes">')[1].split("</table>")[0]
+    assert "<td>1.0 MiB</td>" in table and "<td>2.0 MiB</td>" in table
+    assert ">rank 0</td>" in table and ">rank 1</td>" in table
+    assert "2 processes: max 2.0 MiB (rank 1), spread 1.0 MiB" in dom.stdout
