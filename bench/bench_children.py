@@ -54,7 +54,10 @@ def main() -> int:
     if why:
         print(why)
         return 1
-    plain = {k: v for k, v in os.environ.items() if k != ENV}
+    # Bytecode written as a user's Python writes it (the warm-up run below
+    # caches it): PYTHONDONTWRITEBYTECODE would make every child compile
+    # memlab's modules afresh.
+    plain = {k: v for k, v in os.environ.items() if k not in (ENV, "PYTHONDONTWRITEBYTECODE")}
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         armed = dict(plain)
