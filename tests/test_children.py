@@ -37,6 +37,7 @@ import multiprocessing as mp, os, subprocess, sys
 import pytest, torch
 import torch.multiprocessing as tmp
 MiB = 2**20
+pytestmark = pytest.mark.cpu_memory   # the CPU, also where there is CUDA
 
 def own(n):
     x = torch.empty(n, dtype=torch.uint8)
@@ -245,7 +246,8 @@ def test_unmarked():
 
 
 def test_no_child_is_armed_when_the_test_is_not_measured(inner):
-    inner.makepyfile(test_kids=HEADER + CHECK_ENV)
+    unmarked = HEADER.replace("pytestmark = pytest.mark.cpu_memory", "")
+    inner.makepyfile(test_kids=unmarked + CHECK_ENV)
     assert inner.runpytest_inprocess("-v").ret == 0   # no --memlab: not measured
 
 
@@ -274,12 +276,13 @@ def test_a_child_of_another_plugin_version_is_refused_by_name(inner, tmp_path):
     result, data = run(inner, f"""
 def test_other():
     env = dict(os.environ, PYTHONPATH={str(other)!r})
-    subprocess.run([sys.executable, "-c", "import torch; x = torch.empty(2**20, dtype=torch.uint8)"],
-                   check=True, env=env)
-""")
+    p = subprocess.run([sys.executable, "-c", "import torch; x = torch.empty(2**20, dtype=torch.uint8)"],
+                       env=env, capture_output=True, text=True)
+    print("CHILD", p.returncode, p.stdout, p.stderr)
+""", "-s")
     assert result.ret == 0
     procs, _ = processes(data, "test_other")
-    assert [p["state"] for p in procs] == ["missing"]
+    assert [p["state"] for p in procs] == ["missing"], result.stdout.str()
     assert "it ran pytest-memlab 0.0.1-other+" in procs[0]["why"]
     assert "install one version for every process" in procs[0]["why"]
 

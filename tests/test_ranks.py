@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 MiB = 2**20
 RANK = int(os.environ["RANK"])
+pytestmark = pytest.mark.cpu_memory   # the CPU, also where there is CUDA
 
 @pytest.fixture(scope="session", autouse=True)
 def group():

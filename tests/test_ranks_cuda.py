@@ -4,6 +4,7 @@ rank itself reads from torch.cuda.max_memory_allocated after resetting it
 at its start (its allocations are its own: no other tensor lives in it)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -45,7 +46,8 @@ def test_spawned(tmp_path):
 
 
 def by_hand(text: str) -> dict:
-    return {int(line.split()[2]): int(line.split()[3]) for line in text.splitlines() if line.startswith("BY HAND")}
+    """What each rank printed (two ranks' prints may share a line)."""
+    return {int(r): int(n) for r, n in re.findall(r"BY HAND (\d+) (\d+)", text)}
 
 
 def test_two_spawned_ranks_on_one_gpu_exact_against_max_memory_allocated(inner):
