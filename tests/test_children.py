@@ -343,3 +343,18 @@ def test_the_html_report_lists_each_rank(inner, tmp_path):
     assert "<td>1.0 MiB</td>" in table and "<td>2.0 MiB</td>" in table
     assert ">rank 0</td>" in table and ">rank 1</td>" in table
     assert "2 processes: max 2.0 MiB (rank 1), spread 1.0 MiB" in dom.stdout
+
+
+def test_a_child_that_cannot_be_measured_says_why(inner):
+    """A child whose measurement cannot start (here: MEMLAB_BRIDGE names no
+    file) runs on unmeasured, and the test's result says why."""
+    result, data = run(inner, """
+def test_unmeasurable():
+    env = dict(os.environ, MEMLAB_BRIDGE="/nonexistent/bridge.so", MEMLAB_CORE="bridge")
+    subprocess.run([sys.executable, "-c", "import torch; x = torch.empty(2**20, dtype=torch.uint8)"],
+                   env=env, check=True, capture_output=True)
+""")
+    assert result.ret == 0
+    procs, _ = processes(data, "test_unmeasurable")
+    assert [p["state"] for p in procs] == ["missing"]
+    assert "it could not be measured: MemlabCoreError: " in procs[0]["why"] and "/nonexistent/bridge.so" in procs[0]["why"]

@@ -182,6 +182,10 @@ def read(path: str) -> ChildFigures:
         child.why = (f"it ran pytest-memlab {record.get('version')} (figures format {record.get('format')}), "
                      f"this test pytest-memlab {__version__}: install one version for every process")
         return child
+    if record.get("state") == "unmeasured":
+        child.state = "missing"
+        child.why = f"it could not be measured: {record.get('error', '')}"
+        return child
     if record.get("state") != "done":
         child.state = "missing"
         child.why = ("still running after the test's teardown: its figures are not counted"

@@ -128,7 +128,18 @@ def _start(config: dict, forked: bool = False) -> None:
     if not folder:
         return   # a forkserver's child while no test is measured
     _child = ChildMeasurement(dict(config, dir=folder), forked)
-    _child.begin()
+    try:
+        _child.begin()
+    except Exception as exc:
+        # The parent hears why this child has no figures (and the child
+        # runs on, unmeasured).
+        _child.error = f"{type(exc).__name__}: {exc}"
+        try:
+            os.makedirs(folder, exist_ok=True)
+            _child._write("unmeasured", {})
+        except OSError:
+            pass
+        raise
 
 
 CURRENT = "current"   # in the session's folder: the measured test's folder, while a forkserver lives
