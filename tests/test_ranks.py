@@ -127,3 +127,42 @@ def test_a_bad_rank_timeout_is_a_usage_error(inner, value):
     result = inner.runpytest_inprocess(f"--memlab-rank-timeout={value}")
     assert result.ret == 4
     result.stderr.fnmatch_lines([f"*--memlab-rank-timeout*{value!r} is not a number of seconds above 0*"])
+
+
+def test_a_rank_of_another_plugin_version_is_refused_by_name(inner, tmp_path):
+    """Two ranks started by hand (RANK and WORLD_SIZE are all memlab reads),
+    rank 1 importing a copy of pytest-memlab of another version: rank 0
+    names it and keeps its figures out of the verdict."""
+    import os
+    import shutil
+
+    import pytest_memlab
+
+    other = tmp_path / "other"
+    shutil.copytree(os.path.dirname(pytest_memlab.__file__), other / "pytest_memlab")
+    init = other / "pytest_memlab" / "__init__.py"
+    init.write_text(init.read_text().replace('__version__ = "', '__version__ = "0.0.2-other+'))
+    inner.makepyfile(test_two="""
+import pytest, torch
+pytestmark = pytest.mark.cpu_memory
+
+def test_a():
+    x = torch.empty(2**20, dtype=torch.uint8)
+""")
+    common = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
+           f"--memlab-rank-dir={tmp_path / 'ranks'}", "--memlab-rank-timeout=30", "--memlab-json=r.json"]
+    # rank 1 imports the copy first (its plugin too: loaded by name, not by entry point)
+    rank1 = subprocess.Popen(cmd + ["-p", "pytest_memlab.plugin", "-p", "no:memlab"], cwd=inner.path,
+                             env={**common, "RANK": "1", "WORLD_SIZE": "2", "PYTHONPATH": str(other)},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rank0 = subprocess.run(cmd, cwd=inner.path, env={**common, "RANK": "0", "WORLD_SIZE": "2"},
+                           capture_output=True, text=True, timeout=180)
+    out1 = rank1.communicate(timeout=180)[0]
+    assert "0.0.2-other+" in out1 or rank1.returncode == 0, out1
+    data = json.loads((inner.path / "r.json").read_text())
+    procs = data["tests"][0]["processes"]
+    assert [(p["label"], p["state"]) for p in procs] == [("rank 0", "done"), ("rank 1", "missing")], procs
+    assert "it ran pytest-memlab 0.0.2-other+" in procs[1]["why"], procs[1]
+    assert "install one version for every process" in procs[1]["why"]
+    assert rank0.returncode == 0, rank0.stdout + rank0.stderr

@@ -68,8 +68,11 @@ class RankSide:
         """A rank other than 0: its figures of the test, for rank 0."""
         folder = self._test_folder(run.nodeid)
         os.makedirs(folder, exist_ok=True)
+        # A rank whose measurement could not start says so (rank 0 would
+        # otherwise wait for it in vain).
+        state = "done" if run.measurement is not None else "unmeasured"
         devices = devices_record(run.figures or {}, self.top)
-        write_record(os.path.join(folder, f"rank{self.rank}.json"), "done", devices, run.error,
+        write_record(os.path.join(folder, f"rank{self.rank}.json"), state, devices, run.error,
                      f"rank {self.rank}", self.rank)
 
     def gather(self, run) -> list[ChildFigures]:
