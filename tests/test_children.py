@@ -358,3 +358,13 @@ def test_unmeasurable():
     procs, _ = processes(data, "test_unmeasurable")
     assert [p["state"] for p in procs] == ["missing"]
     assert "it could not be measured: MemlabCoreError: " in procs[0]["why"] and "/nonexistent/bridge.so" in procs[0]["why"]
+
+
+def test_children_under_xdist_reach_the_controllers_report(inner):
+    """A worker measures its test's children; their figures travel to the
+    controller with the test's report and land in its JSON report."""
+    result, data = run(inner, SPAWN, "-n", "2", "-p", "xdist")
+    assert result.ret == 0, result.stdout.str()
+    procs, test = processes(data, "test_spawn")
+    assert peaks(procs) == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}
+    assert test["across_processes"]["cpu"]["worst"] == "rank 1"
