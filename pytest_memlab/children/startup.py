@@ -24,7 +24,6 @@ ENV = "MEMLAB_CHILD"
 FORMAT = 1   # the figures file's format
 
 _child = None         # this process's ChildMeasurement, once started
-_config: dict | None = None
 _forks_measured = False
 
 
@@ -57,8 +56,6 @@ def measure_forks() -> None:
 
 
 def _arm(config: dict) -> None:
-    global _config
-    _config = config
     measure_forks()
     if "torch" in sys.modules:
         _start(config)
@@ -77,9 +74,8 @@ def after_fork_in_child() -> None:
         if not text:
             return
         _child = None   # a measured child's fork: its own figures, in a file of its own
-        config = _config if _config is not None and json.dumps(_config) == text else json.loads(text)
         if "torch" in sys.modules:
-            _start(config, forked=True)
+            _start(json.loads(text), forked=True)
     except Exception as exc:
         _say(f"this forked process is not measured: {type(exc).__name__}: {exc}")
 
