@@ -158,11 +158,12 @@ def test_a():
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rank0 = subprocess.run(cmd, cwd=inner.path, env={**common, "RANK": "0", "WORLD_SIZE": "2"},
                            capture_output=True, text=True, timeout=180)
+    # (where the copy cannot build its bridge, rank 1's own test errors: its
+    # turn, with its version, is taken all the same)
     out1 = rank1.communicate(timeout=180)[0]
-    assert "0.0.2-other+" in out1 or rank1.returncode == 0, out1
     data = json.loads((inner.path / "r.json").read_text())
     procs = data["tests"][0]["processes"]
-    assert [(p["label"], p["state"]) for p in procs] == [("rank 0", "done"), ("rank 1", "missing")], procs
+    assert [(p["label"], p["state"]) for p in procs] == [("rank 0", "done"), ("rank 1", "missing")], (procs, out1)
     assert "it ran pytest-memlab 0.0.2-other+" in procs[1]["why"], procs[1]
     assert "install one version for every process" in procs[1]["why"]
     assert rank0.returncode == 0, rank0.stdout + rank0.stderr
