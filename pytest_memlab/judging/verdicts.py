@@ -11,6 +11,7 @@ keeps its own failure first when it had one.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import re
@@ -98,9 +99,10 @@ def _cache_root(path: str) -> str | None:
     return match.group(1)
 
 
-def compare(device: str, old: int, new: int, tolerance, path) -> Change:
-    """The own peak new against the baseline's old, under tolerance."""
-    return Change(device, old, new, tolerance.allowed(old), tolerance.text, str(path))
+def compare(device: str, old: int, new: int, tolerance, path, process: str = "") -> Change:
+    """The own peak new against the baseline's old, under tolerance (of a
+    rank of the test: process names it)."""
+    return Change(device, old, new, tolerance.allowed(old), tolerance.text, str(path), process)
 
 
 class Verdicts:
@@ -231,13 +233,11 @@ class Verdicts:
                 if figures is None:
                     continue
                 for e in exceeded(figures.device, figures, spec):
-                    e = Exceeded(e.device, e.what, e.value, e.budget_name, e.budget, child.label)
+                    e = dataclasses.replace(e, process=child.label)
                     if e.key in run.failed:
                         continue
                     run.failed[e.key] = e
-                    # every rank (rank 0's own included, under torchrun), then the children
-                    processes = processes or [c.as_dict() for c in run.ranks] + [
-                        c.as_dict() for c in run.children if c not in run.ranks]
+                    processes = processes or run.processes()
                     failures.append(child_budget_failure(e, child, processes))
 
     def _compare(self, run, final: bool) -> list[str]:
@@ -286,9 +286,7 @@ class Verdicts:
                 if entry is None or entry.get("peak") is None or figures is None or figures.peak is None:
                     continue
                 change = compare(figures.device, entry["peak"], figures.peak, spec.tolerance or options.tolerance,
-                                 options.baseline)
-                change = Change(change.device, change.old, change.new, change.allowed, change.tolerance,
-                                change.path, child.label)
+                                 options.baseline, child.label)
                 if options.update_baseline or change.key in run.failed:
                     continue
                 if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):

@@ -150,6 +150,11 @@ class TestRun:
             except Exception as exc:
                 self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
 
+    def processes(self) -> list[dict]:
+        """Every rank (under torchrun, rank 0's own included), then the
+        other children, as the reports and the failures list them."""
+        return [c.as_dict() for c in self.ranks] + [c.as_dict() for c in self.children if c not in self.ranks]
+
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
         """After teardown: the leak check for the allowed devices (device ->
@@ -200,8 +205,7 @@ class TestRun:
             detail = ""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,
-                            processes=[c.as_dict() for c in self.ranks]
-                            + [c.as_dict() for c in self.children if c not in self.ranks])
+                            processes=self.processes())
         if self.measurement is None:
             return result
         for spec, device in self.devices:
