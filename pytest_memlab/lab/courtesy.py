@@ -11,7 +11,7 @@ manager.
 
 from __future__ import annotations
 
-import gc
+from ..measuring.leak_search import tensor_objects
 
 
 class Courtesy:
@@ -24,7 +24,7 @@ class Courtesy:
         import torch
 
         seen = {id(t) for t, _ in self.moved}
-        for t in [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]:
+        for t in tensor_objects(torch):
             for tensor in (t, t._grad if t.is_leaf else None):
                 if tensor is None or id(tensor) in seen or tensor.device.type != "cuda" or tensor.is_sparse:
                     continue

@@ -16,6 +16,7 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 
+from ..measuring.leak_search import tensor_objects
 from ..sizes import format_size
 
 KINDS = ("parameters", "gradients", "optimizer state", "buffers", "other tensors")
@@ -183,7 +184,7 @@ class MemReporter:
                 self.add_optimizer_states(opt)
         report = StorageReport()
         seen: dict[tuple[str, int], str] = {}
-        tensors = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor)]
+        tensors = tensor_objects(torch)
         grads = []
         for t in tensors:
             g = t._grad if t.is_leaf else None

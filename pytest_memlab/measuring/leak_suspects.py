@@ -5,10 +5,12 @@ for one batch at the session's end instead of a full collection each.
 A test's bytes that only wait for the cyclic collector (autograd graphs in
 reference cycles, gradchecks) would cost a full collection over a large
 heap per test, 0.1 to 0.5 s each.  Kept as suspects, they cost a copy of
-their block list; at the end one full collection, one scan of the live
-tensors and one holder search confirm them all.  A tensor still living in
-a suspect's block then is a leak (or a cache: :mod:`pytest_memlab.judging`
-tells which); what the collector freed meanwhile is not.
+their block list; at the end one scan of the live tensors and one holder
+search confirm them all.  A tensor still living in a suspect's block then is
+a leak (or a cache: :mod:`pytest_memlab.judging` tells which) where a path
+from a module's globals holds it; where any is held otherwise, or by
+nothing found, the process is settled (a full collection) and they are
+searched again, so that what only waits for the collector is not a leak.
 
 memlab hears frees only while it measures, so a suspect's block may have
 been freed unheard between tests, and its address reused.  Two guards: the
@@ -61,9 +63,9 @@ class LeakSuspects:
             suspect.blocks = [b for b, kept in zip(suspect.blocks, still) if kept]
 
     def confirm(self, core, seconds: float) -> list:
-        """[(suspect, Leak)] for every suspect, after one settling: the
-        Leak's bytes are what is still held (0: nothing was)."""
-        from .leak_search import find_many, released_by_pytest, settle
+        """[(suspect, Leak)] for every suspect: the Leak's bytes are what
+        is still held (0: nothing was)."""
+        from .leak_search import find_held, find_many, released_by_pytest, settle
 
         started = time.perf_counter()
         self._drop_gone()
@@ -76,12 +78,23 @@ class LeakSuspects:
         self.pending, self._watches = [], {}
         if not suspects:
             return out
-        devices = sorted({s.device for s in suspects})
-        settle(core, devices)
+        by_device = {d: [s for s in suspects if s.device == d] for d in sorted({s.device for s in suspects})}
         excused, look_past = released_by_pytest(None)   # the last failure's traceback: pytest's
-        for device in devices:
-            group = [s for s in suspects if s.device == device]
-            leaks = find_many(core, device, [(s.blocks, s.allowed) for s in group], started,
-                              excused, look_past, seconds=seconds, deferred=True)
-            out += zip(group, leaks)
+        # First without a collection: held from a module's globals is held.
+        unsettled = []
+        for device, group in by_device.items():
+            leaks = find_held(core, device, [(s.blocks, s.allowed) for s in group], started,
+                              excused, look_past, seconds=seconds)
+            if leaks is None:
+                unsettled.append(device)
+            else:
+                out += zip(group, leaks)
+        if unsettled:
+            settle(core, unsettled)
+            excused, look_past = released_by_pytest(None)
+            for device in unsettled:
+                group = by_device[device]
+                leaks = find_many(core, device, [(s.blocks, s.allowed) for s in group], started,
+                                  excused, look_past, seconds=seconds, deferred=True)
+                out += zip(group, leaks)
         return sorted(out, key=lambda pair: pair[0].seq)
