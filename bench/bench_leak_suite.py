@@ -35,8 +35,12 @@ in DIR; otherwise a temp folder):
   env TORCH_DEVICE (default cpu).
 
 Each configuration is its own pytest process (bench_suite.run) with a junit
-file; rounds alternate the configurations.  Reported per configuration: the
-median wall time and its ratio to the unmeasured run of the same mode,
+file; rounds alternate the configurations, each round starting each mode at
+another one.  Reported per configuration: the median wall time and its ratio
+to the unmeasured run of the same mode, the median of each round's own ratio
+(the measured run against the unmeasured one of the same round: a host that
+drifts between rounds cancels), the CPU time of the process and its workers
+(user and system: what a loaded host disturbs least) and its ratio,
 whether every test's outcome is the unmeasured serial run's, the tests memlab
 warned of leaks for (its summary line, and by kind from the warnings the
 conftest heard), and the JSON report's size per test and the HTML report's
@@ -371,6 +375,7 @@ def main() -> int:
     ap.add_argument("--heap", type=int, default=400000, help="live records conftest.py builds (each a few objects)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--xdist", type=int, default=4, help="the -n of the xdist configurations; 0 skips them")
+    ap.add_argument("--no-serial", action="store_true", help="skip the serial configurations")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds: start no round (or configuration) that would end past this")
     ap.add_argument("--keep", metavar="DIR", help="generate the suite and keep every run's files in DIR")
@@ -415,7 +420,7 @@ def main() -> int:
           f"gc.get_objects(): {gc_info['get_objects_walk_s']:.3f} s", flush=True)
 
     base = ["-p", "no:randomly", "-p", "no:cacheprovider"]
-    configs: list[tuple[str, str, list[str]]] = [
+    configs: list[tuple[str, str, list[str]]] = [] if args.no_serial else [
         ("serial", "unmeasured", ["-p", "no:memlab"]),
         ("serial", "--memlab", ["--memlab"]),
         ("serial", "--memlab --memlab-leaks=off", ["--memlab", "--memlab-leaks=off"]),
@@ -428,6 +433,8 @@ def main() -> int:
         ]
     baseline = os.path.join(runs_dir, "baseline.json")
     times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
+    cpus: dict[int, list[float]] = {i: [] for i in range(len(configs))}
+    paired: dict[int, list[float]] = {i: [] for i in range(len(configs))}   # a round's time / its unmeasured one
     loads: dict[int, list[float]] = {i: [] for i in range(len(configs))}
     results: dict[tuple[int, int], dict] = {}
     logs: dict[tuple[int, int], str] = {}
@@ -444,7 +451,15 @@ def main() -> int:
             break
         print(f"round {r + 1}", flush=True)
         t_round = time.perf_counter()
-        for ci, (mode, label, cargs) in enumerate(configs):
+        # each round starts each mode at another configuration: a drifting
+        # host favours none
+        order = []
+        for mode in dict.fromkeys(c[0] for c in configs):
+            group = [i for i, c in enumerate(configs) if c[0] == mode]
+            order += group[r % len(group):] + group[:r % len(group)]
+        this_round: dict[int, float] = {}
+        for ci in order:
+            mode, label, cargs = configs[ci]
             if times[ci] and not fits(statistics.mean(times[ci])):
                 print(f"  {mode} {label}: skipped (--budget {args.budget:.0f} s)", flush=True)
                 continue
@@ -460,7 +475,8 @@ def main() -> int:
             os.environ["LEAKBENCH_STATS"] = stats_path
             try:
                 # measured=True only so that run() keeps the log (junit + ".log")
-                times[ci].append(run(suite, base, junit, True, extra, f"{mode} {label}"))
+                times[ci].append(run(suite, base, junit, True, extra, f"{mode} {label}", cpus[ci]))
+                this_round[ci] = times[ci][-1]
             finally:
                 del os.environ["LEAKBENCH_STATS"]
             loads[ci].append(os.getloadavg()[0])
@@ -475,6 +491,11 @@ def main() -> int:
                 st["warned"].update(d["warned"])
                 st["alive"].update(d["cycles_alive_after_test"])
             stats[(ci, r)] = st
+        for ci, t in this_round.items():
+            unmeasured = this_round.get(next(i for i, c in enumerate(configs)
+                                             if c[0] == configs[ci][0] and c[1] == "unmeasured"))
+            if unmeasured:
+                paired[ci].append(t / unmeasured)
         round_times.append(time.perf_counter() - t_round)
 
     ref = results.get((0, 0), {})
@@ -493,7 +514,8 @@ def main() -> int:
 
     ref_of = {mode: next(i for i, c in enumerate(configs) if c[0] == mode and c[1] == "unmeasured")
               for mode in {c[0] for c in configs}}
-    rows = [("mode", "configuration", "median wall (s)", "ratio", "target", "outcomes identical",
+    rows = [("mode", "configuration", "median wall (s)", "ratio", "target", "paired ratio (median)",
+             "CPU (s)", "CPU ratio", "outcomes identical",
              "tests warned (summary line)", "warned by kind", "caches reported", "JSON per test (median) / total", "HTML", "each round (s)",
              "load avg after (1 min)")]
     for ci, (mode, label, _) in enumerate(configs):
@@ -519,9 +541,13 @@ def main() -> int:
             if os.path.exists(h):
                 html = fmt_size(os.path.getsize(h))
         measured = label != "unmeasured"
+        cpu, cpu_ref = statistics.median(cpus[ci]), statistics.median(cpus[ref_of[mode]] or [float("nan")])
         rows.append((mode if mode == "serial" else f"-n {args.xdist}", label, f"{med(ci):.1f}",
                      f"**{ratio:.2f}x**" if measured else "1.00x",
                      f"<= {TARGETS[mode]:.2f}x" if measured else "",
+                     f"{statistics.median(paired[ci]):.3f}x ({', '.join(f'{x:.2f}' for x in paired[ci])})"
+                     if measured and paired[ci] else "",
+                     f"{cpu:.1f}", f"{cpu / cpu_ref:.3f}x" if measured else "1.000x",
                      "yes" if not bad else f"NO ({len(bad)})",
                      "-" if n_sum is None else str(n_sum), kinds_txt, str(len(caches)) if measured else "-", js, html,
                      "/".join(f"{t:.1f}" for t in times[ci]), "/".join(f"{x:.1f}" for x in loads[ci])))

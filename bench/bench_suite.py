@@ -1,4 +1,5 @@
-"""A real third-party test suite, unmeasured and under ``--memlab-report``:
+"""A real third-party test suite, unmeasured and under ``--memlab-report``
+(or the options ``--measured`` gives):
 the same outcome for every test, figures for every test that ran, and the
 wall-time ratio (target: at most 1.05x).
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -54,16 +57,23 @@ BREAKDOWN = {
 
 
 def run(folder: str, args: list[str], junit: str, measured: bool, memlab_args: list[str] | None = None,
-        label: str = "") -> float:
+        label: str = "", cpu: list | None = None) -> float:
+    """The wall time of one pytest process over folder; cpu, where given,
+    receives the CPU seconds (user and system) it and its children (xdist's
+    workers) spent, which a loaded host disturbs less than the wall time."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            "-o", "junit_family=xunit2", *args]
     if memlab_args is not None:
         cmd += memlab_args
     else:
         cmd += ["--memlab-report"] if measured else ["-p", "no:memlab"]
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
+    if cpu is not None:
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime)
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:]
     print(f"  {label or ('measured' if measured else 'unmeasured')}: {elapsed:.1f}s, exit {proc.returncode}: "
           f"{tail[0] if tail else ''}", flush=True)
@@ -87,8 +97,13 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds: start no round or breakdown run that would end past this")
     ap.add_argument("--breakdown", action="store_true", help="also the runs of BREAKDOWN, once each")
+    ap.add_argument("--measured", default="--memlab-report",
+                    help="the measured runs' memlab options (default: --memlab-report); e.g. '--memlab', "
+                         "or with -n 4 and the reports")
     args = ap.parse_args(argv)
+    measured_args = shlex.split(args.measured)
     times = {False: [], True: []}
+    cpus = {False: [], True: []}
     results = {}
     breakdown = {}
     start = time.perf_counter()
@@ -102,9 +117,11 @@ def main() -> int:
                 print(f"round {r + 1}: skipped (--budget {args.budget:.0f} s)", flush=True)
                 break
             print(f"round {r + 1}", flush=True)
-            for measured in (False, True):
+            # odd rounds measure first: a drifting host favours neither
+            for measured in (False, True) if r % 2 == 0 else (True, False):
                 junit = os.path.join(tmp, f"{'on' if measured else 'off'}-{r}.xml")
-                times[measured].append(run(args.suite, extra, junit, measured))
+                times[measured].append(run(args.suite, extra, junit, measured,
+                                           measured_args if measured else None, cpu=cpus[measured]))
                 results[(measured, r)] = outcomes(junit)
         rounds = len(times[True])
         last_log = open(os.path.join(tmp, f"on-{rounds - 1}.xml.log")).read()
@@ -128,16 +145,23 @@ def main() -> int:
         counts[o] = counts.get(o, 0) + 1
     t_off, t_on = statistics.median(times[False]), statistics.median(times[True])
     ratio = t_on / t_off
+    paired = [b / a for a, b in zip(times[False], times[True])]
+    cpu_ratio = statistics.median(cpus[True]) / statistics.median(cpus[False])
     summary_line = next((ln for ln in reversed(last_log.splitlines()) if "tests measured" in ln), "")
     lines = [
         f"{args.name or args.suite}: `{' '.join(extra)}`",
         "",
         f"- tests: {len(off)} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))})",
         f"- outcomes identical: {'yes' if not problems else 'NO'} ({len(problems)} differences)",
-        f"- tests that ran with figures under --memlab-report: {len(ran) - len(without)} of {len(ran)}",
+        f"- tests that ran with figures under `{args.measured}`: {len(ran) - len(without)} of {len(ran)}",
         f"- wall time, median of {rounds} round(s): unmeasured {t_off:.1f} s, measured {t_on:.1f} s: "
         f"**{ratio:.3f}x** (target <= {TARGET:.2f}x); each round: "
-        + ", ".join(f"{a:.1f}/{b:.1f} s" for a, b in zip(times[False], times[True])),
+        + ", ".join(f"{a:.1f}/{b:.1f} s" for a, b in zip(times[False], times[True]))
+        + f"; each round's own ratio: {', '.join(f'{x:.3f}x' for x in paired)} "
+        f"(median {statistics.median(paired):.3f}x)",
+        f"- CPU time (user and system, the process and its workers), median: unmeasured "
+        f"{statistics.median(cpus[False]):.1f} s, measured {statistics.median(cpus[True]):.1f} s: "
+        f"**{cpu_ratio:.3f}x**",
         f"- memlab's summary line: `{summary_line.strip()}`",
     ]
     for label, seconds in breakdown.items():

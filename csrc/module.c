@@ -448,6 +448,31 @@ engine_unwatch(PyObject *Py_UNUSED(module), PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* of_types(objects, kinds) -> the items of the list objects whose exact
+ * type is in the set kinds.  The leak check picks the tensors out of
+ * gc.get_objects(), a million objects in a large process: a Python loop
+ * over them cost 0.3 s, map and compress 0.12 s. */
+static PyObject *
+engine_of_types(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *objects, *kinds;
+    if (!PyArg_ParseTuple(args, "O!O!:of_types", &PyList_Type, &objects,
+                          &PySet_Type, &kinds))
+        return NULL;
+    PyObject *result = PyList_New(0);
+    if (result == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objects); i++) {
+        PyObject *obj = PyList_GET_ITEM(objects, i);
+        int found = PySet_Contains(kinds, (PyObject *)Py_TYPE(obj));
+        if (found < 0 || (found && PyList_Append(result, obj) < 0)) {
+            Py_DECREF(result);
+            return NULL;
+        }
+    }
+    return result;
+}
+
 static PyObject *
 engine_seq(PyObject *Py_UNUSED(module), PyObject *arg)
 {
@@ -873,6 +898,9 @@ static PyMethodDef engine_methods[] = {
      "watched(slot, addrs) -> [whether each is still watched]."},
     {"unwatch", engine_unwatch, METH_O,
      "unwatch(slot): forget the device's watched addresses."},
+    {"of_types", engine_of_types, METH_VARARGS,
+     "of_types(objects, kinds) -> the items of the list objects whose exact "
+     "type is in the set kinds."},
     {"seq", engine_seq, METH_O,
      "seq(slot) -> the device's event number now (where a mark falls)."},
     {"bridge_bind", bridge_bind, METH_VARARGS,

@@ -178,3 +178,33 @@ def test_record_and_replay_reproduce_the_figures():
 def test_events_for_unopened_devices_are_ignored():
     E.inject(40, 0x1000, 10)  # cuda:39 never measured
     assert E.totals(40) is None
+
+
+def test_of_types_picks_the_exact_types_of_the_heap():
+    """The leak check's scan: tensors (and their subclasses, named in the
+    set) out of gc.get_objects(), other objects left, nothing else kept."""
+    import gc
+    import sys
+
+    import torch
+
+    from pytest_memlab.measuring.leak_search import tensor_objects
+
+    class Mine(torch.Tensor):
+        pass
+
+    plain, param, mine = torch.ones(3), torch.nn.Parameter(torch.ones(2)), torch.ones(4).as_subclass(Mine)
+    holder = [plain, param, mine]
+    picked = tensor_objects(torch)
+    assert all(any(p is t for p in picked) for t in holder)
+    assert all(isinstance(p, torch.Tensor) for p in picked)
+    assert E.of_types([1, "a", 2.0, None, 3], {int}) == [1, 3]
+    assert E.of_types(gc.get_objects(), set()) == []
+    refs = sys.getrefcount(plain)
+    del picked
+    assert sys.getrefcount(plain) < refs      # the list held its items, and only that
+    with pytest.raises(TypeError, match="of_types"):
+        E.of_types((1, 2), {int})
+    with pytest.raises(TypeError, match="of_types"):
+        E.of_types([1, 2], [int])
+    del holder

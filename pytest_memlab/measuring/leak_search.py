@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import bisect
 import gc
-import itertools
 import sys
 import time
 import types
 from collections import deque
 
+from .. import _engine
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
 from ..judging.findings import Leak, LeakedTensor, LeakSite
@@ -70,13 +70,11 @@ def _tensor_types(torch) -> set:
 
 def tensor_objects(torch) -> list:
     """Every tensor the garbage collector tracks.  A large process's heap
-    holds a million objects: they are picked by exact type in C (map,
-    compress), not by a Python loop over each (0.3 s a walk there).  By
-    type, not isinstance(): isinstance asks __class__, which some
-    module-level objects answer with a deprecation warning."""
-    kinds = _tensor_types(torch)
-    objects = gc.get_objects()
-    return list(itertools.compress(objects, map(kinds.__contains__, map(type, objects))))
+    holds a million objects: they are picked by exact type in C (the
+    engine's of_types), not by a Python loop over each (0.3 s a walk
+    there).  By type, not isinstance(): isinstance asks __class__, which
+    some module-level objects answer with a deprecation warning."""
+    return _engine.of_types(gc.get_objects(), _tensor_types(torch))
 
 
 def _live_tensors(torch, device: str, grads: dict) -> list:
@@ -373,6 +371,8 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
     for _ in range(HOLDER_DEPTH):
         if not frontier or time.perf_counter() > deadline:
             break
+        if all(len(paths) >= limit for paths in found.values()):
+            break   # each level walks the whole heap: none for nothing
         nxt: dict[int, tuple[object, set]] = {}
         for cid, (child, tset) in frontier.items():   # gradients: their tensor holds them
             owner = grads.get(cid)
