@@ -188,7 +188,7 @@ def test_of_types_picks_the_exact_types_of_the_heap():
 
     import torch
 
-    from pytest_memlab.measuring.leak_search import tensor_objects
+    from pytest_memlab.engine.heap import tensor_objects
 
     class Mine(torch.Tensor):
         pass

@@ -404,6 +404,43 @@ def test_garbage():
     assert leaked == {"test_grows": 8 * 1024, "test_garbage": 0}
 
 
+def test_suspects_held_through_a_module_class_or_function_need_no_collection(inner):
+    """A class attribute of a module's class and a closure variable of a
+    module's function are held as surely as a global: confirmed at the end
+    without a full collection, each named by its holder."""
+    inner.makeconftest(COUNT_FULL_COLLECTIONS)
+    inner.makepyfile(test_inner=HEADER + """
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+class Registry:
+    kept = []
+
+def make_keeper():
+    kept = []
+    def keep(t):
+        kept.append(t)
+    return keep
+
+keep = make_keeper()
+
+def test_class_attribute():
+    Registry.kept.append(torch.empty(8 * KiB, dtype=torch.uint8, device=DEV))
+
+def test_closure():
+    keep(torch.empty(4 * KiB, dtype=torch.uint8, device=DEV))
+""")
+    result = inner.runpytest_subprocess("-p", "no:randomly", "-s", "--memlab")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert ", at the end: 0" in out, out
+    result.stdout.fnmatch_lines([
+        "*leaked 8.0 KiB after teardown (allowed 0 B) in test_inner.py::test_class_attribute, confirmed*",
+        "*held by: class test_inner.Registry, attribute kept[[]0[]]",
+        "*leaked 4.0 KiB after teardown (allowed 0 B) in test_inner.py::test_closure, confirmed*",
+        "*held by: closure of test_inner.make_keeper.<locals>.keep (variable kept)[[]0[]]",
+    ])
+
+
 def test_suspects_under_xdist_and_warnings_as_errors(inner):
     pytest.importorskip("xdist")
     inner.makepyfile(test_inner=HEADER + CYCLES_CACHES_LEAKS)

@@ -11,7 +11,7 @@ manager.
 
 from __future__ import annotations
 
-from ..measuring.leak_search import tensor_objects
+from ..engine.heap import tensor_objects
 
 
 class Courtesy:

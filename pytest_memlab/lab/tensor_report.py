@@ -16,7 +16,7 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 
-from ..measuring.leak_search import tensor_objects
+from ..engine.heap import tensor_objects
 from ..sizes import format_size
 
 KINDS = ("parameters", "gradients", "optimizer state", "buffers", "other tensors")

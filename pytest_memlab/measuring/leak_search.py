@@ -27,9 +27,9 @@ import time
 import types
 from collections import deque
 
-from .. import _engine
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
+from ..engine.heap import tensor_objects
 from ..judging.findings import Leak, LeakedTensor, LeakSite
 
 # Per leaking test, for every holder search together.  Each level of the
@@ -54,27 +54,6 @@ def settle(core, devices) -> None:
     for device in devices:
         if device != CPU:
             torch.cuda.synchronize(cuda_index(device))
-
-
-def _tensor_types(torch) -> set:
-    """torch.Tensor and every subclass of it alive now (Parameter, a
-    project's own tensor subclasses)."""
-    out, stack = set(), [torch.Tensor]
-    while stack:
-        kind = stack.pop()
-        if kind not in out:
-            out.add(kind)
-            stack.extend(type.__subclasses__(kind))
-    return out
-
-
-def tensor_objects(torch) -> list:
-    """Every tensor the garbage collector tracks.  A large process's heap
-    holds a million objects: they are picked by exact type in C (the
-    engine's of_types), not by a Python loop over each (0.3 s a walk
-    there).  By type, not isinstance(): isinstance asks __class__, which
-    some module-level objects answer with a deprecation warning."""
-    return _engine.of_types(gc.get_objects(), _tensor_types(torch))
 
 
 def _live_tensors(torch, device: str, grads: dict) -> list:
@@ -130,8 +109,9 @@ def find_held(core, device: str, groups: list, started: float | None = None,
               seconds: float = HOLDER_SECONDS) -> list[Leak] | None:
     """find_many for deferred groups in a process not settled: the Leaks
     where every tensor found in the groups' blocks is proven held, by a
-    path from a module's globals (modules are held by sys.modules, so what
-    such a path reaches is no garbage a collection would free), else None
+    path from a module's globals, or from a class or a function that its
+    module names (modules are held by sys.modules, so what such a path
+    reaches is no garbage a collection would free), else None
     (the caller settles the process and asks find_many).  A suite's
     suspects at its end are mostly caches and true leaks in module
     globals: this spares the full collection, the largest part of the
@@ -333,7 +313,8 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
     deadline.  A root is a module's globals, a class, a function's closure,
     a frame's locals.  grads maps id(gradient) -> its tensor (a .grad is
     held in C++, out of the collector's sight).  proven, where given,
-    receives the ids of the targets with a path from a module's globals."""
+    receives the ids of the targets with a path from a module's globals
+    (directly, or through a class or a function that its module names)."""
     modules = _module_dicts()
     grads = grads or {}
     own_frames = set()
@@ -406,6 +387,8 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
                     continue
                 if isinstance(ref, types.FunctionType) and ref.__closure__ is child:
                     names = ref.__code__.co_freevars
+                    if proven is not None and _module_holds(ref):
+                        proven.update(wanted)
                     for t in wanted:
                         below = path_from(child, t)   # "[i]...": the cell's index
                         i = int(below[1:below.index("]")]) if below.startswith("[") else -1
@@ -414,6 +397,8 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
                         add_root(t, f"closure of {ref.__module__}.{ref.__qualname__} (variable {var}){rest}")
                     continue
                 if isinstance(ref, type):
+                    if proven is not None and _module_holds(ref):
+                        proven.update(wanted)
                     for t in wanted:
                         below = path_from(child, t) if isinstance(child, dict) \
                             else (_edge(ref, child) or "") + path_from(child, t)
@@ -432,6 +417,21 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
         del refs
         frontier = nxt
     return found
+
+
+def _module_holds(obj) -> bool:
+    """Whether obj (a class or a function) is held by its module: named by
+    its qualified name there, or (a function a factory made) one of the
+    module's globals.  Held by sys.modules, so no garbage."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if module is None or not hasattr(module, "__dict__"):
+        return False
+    found = module
+    for part in (getattr(obj, "__qualname__", "") or "<locals>").split("."):
+        found = vars(found).get(part) if part != "<locals>" and hasattr(found, "__dict__") else None
+        if found is None:
+            break
+    return found is obj or any(value is obj for value in list(vars(module).values()))
 
 
 def _tidy(path: str) -> str:

@@ -1,0 +1,30 @@
+"""The tensors on the garbage collector's heap, for the leak check and the
+laboratory's storage report: picked by type in C, since a large process's
+heap holds a million objects."""
+
+from __future__ import annotations
+
+import gc
+
+from .. import _engine
+
+
+def _tensor_types(torch) -> set:
+    """torch.Tensor and every subclass of it alive now (Parameter, a
+    project's own tensor subclasses)."""
+    out, stack = set(), [torch.Tensor]
+    while stack:
+        kind = stack.pop()
+        if kind not in out:
+            out.add(kind)
+            stack.extend(type.__subclasses__(kind))
+    return out
+
+
+def tensor_objects(torch) -> list:
+    """Every tensor the garbage collector tracks.  A large process's heap
+    holds a million objects: they are picked by exact type in C (the
+    engine's of_types), not by a Python loop over each (0.3 s a walk
+    there).  By type, not isinstance(): isinstance asks __class__, which
+    some module-level objects answer with a deprecation warning."""
+    return _engine.of_types(gc.get_objects(), _tensor_types(torch))
