@@ -81,10 +81,12 @@ class LeakSuspects:
         by_device = {d: [s for s in suspects if s.device == d] for d in sorted({s.device for s in suspects})}
         excused, look_past = released_by_pytest(None)   # the last failure's traceback: pytest's
         # First without a collection: held from a module's globals is held.
+        # Half the holder search's time for it, so that a search it cannot
+        # finish leaves the settled one the rest.
         unsettled = []
         for device, group in by_device.items():
             leaks = find_held(core, device, [(s.blocks, s.allowed) for s in group], started,
-                              excused, look_past, seconds=seconds)
+                              excused, look_past, seconds=seconds / 2)
             if leaks is None:
                 unsettled.append(device)
             else:
