@@ -180,31 +180,39 @@ def test_events_for_unopened_devices_are_ignored():
     assert E.totals(40) is None
 
 
-def test_of_types_picks_the_exact_types_of_the_heap():
-    """The leak check's scan: tensors (and their subclasses, named in the
-    set) out of gc.get_objects(), other objects left, nothing else kept."""
+def test_of_types_picks_the_exact_types():
+    """The leak check's scan in C: the items of a list whose exact type is
+    in a set, each held once by the result; bad arguments named."""
     import gc
     import sys
 
-    import torch
+    class Mine(int):
+        pass
 
+    one, mine = object(), Mine(5)
+    assert E.of_types([1, "a", 2.0, None, 3, mine], {int}) == [1, 3]
+    assert E.of_types([1, "a", mine], {int, Mine}) == [1, mine]
+    assert E.of_types(gc.get_objects(), set()) == []
+    refs = sys.getrefcount(one)
+    picked = E.of_types([one, 1], {object})
+    held = sys.getrefcount(one)
+    del picked
+    after = sys.getrefcount(one)
+    assert (held, after) == (refs + 1, refs)
+    with pytest.raises(TypeError, match="of_types"):
+        E.of_types((1, 2), {int})
+    with pytest.raises(TypeError, match="of_types"):
+        E.of_types([1, 2], [int])
+
+
+def test_tensor_objects_finds_every_tensor_and_subclass():
+    torch = pytest.importorskip("torch")
     from pytest_memlab.engine.heap import tensor_objects
 
     class Mine(torch.Tensor):
         pass
 
-    plain, param, mine = torch.ones(3), torch.nn.Parameter(torch.ones(2)), torch.ones(4).as_subclass(Mine)
-    holder = [plain, param, mine]
+    holder = [torch.ones(3), torch.nn.Parameter(torch.ones(2)), torch.ones(4).as_subclass(Mine)]
     picked = tensor_objects(torch)
     assert all(any(p is t for p in picked) for t in holder)
     assert all(isinstance(p, torch.Tensor) for p in picked)
-    assert E.of_types([1, "a", 2.0, None, 3], {int}) == [1, 3]
-    assert E.of_types(gc.get_objects(), set()) == []
-    refs = sys.getrefcount(plain)
-    del picked
-    assert sys.getrefcount(plain) < refs      # the list held its items, and only that
-    with pytest.raises(TypeError, match="of_types"):
-        E.of_types((1, 2), {int})
-    with pytest.raises(TypeError, match="of_types"):
-        E.of_types([1, 2], [int])
-    del holder
