@@ -150,8 +150,9 @@ class Measurement:
         first sight costs anything: young-generation collections first
         (what the test's own reference cycles hold usually goes there).  A
         device in deferred (the warn policy) still over is a suspect: its
-        blocks are kept, and one full collection and one holder search at
-        the session's end confirm many suspects at once
+        blocks are kept, and one scan and one holder search at the
+        session's end (a full collection only where a tensor left may be
+        garbage) confirm many suspects at once
         (:meth:`.leak_suspects.LeakSuspects.confirm`).  Only a device whose leaks fail the
         test pays a full settling (a full collection, cuBLAS workspaces, a
         synchronisation) here."""
