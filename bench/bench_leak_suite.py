@@ -113,9 +113,28 @@ import leakbench_helpers  # noqa: E402
 
 _WARNED = []
 _ALIVE = []
+# The collector's work from the end of collection to the end of the
+# session (the tests, and memlab's end): collections and seconds by
+# generation.
+_GC = {{"counting": False, "start": 0.0, "by_gen": [[0, 0.0], [0, 0.0], [0, 0.0]]}}
+
+
+def _gc_timer(phase, info):
+    if not _GC["counting"]:
+        return
+    if phase == "start":
+        _GC["start"] = time.perf_counter()
+    else:
+        entry = _GC["by_gen"][info["generation"]]
+        entry[0] += 1
+        entry[1] += time.perf_counter() - _GC["start"]
+
+
+gc.callbacks.append(_gc_timer)
 
 
 def pytest_collection_finish(session):
+    _GC["counting"] = True
     path = os.environ.get("LEAKBENCH_GC_PROBE")
     if not path:
         return
@@ -135,7 +154,8 @@ def pytest_collection_finish(session):
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location):
-    if warning_message.category.__name__ == "MemlabLeakWarning":
+    # the end's warnings (nodeid "") name their test in the message: the log has them
+    if warning_message.category.__name__ == "MemlabLeakWarning" and nodeid:
         _WARNED.append(nodeid)
 
 
@@ -146,12 +166,18 @@ def pytest_runtest_logfinish(nodeid, location):
         _ALIVE.append(nodeid)
 
 
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session):
+    yield   # memlab's end (the leak check's confirmation) runs inside
+    _GC["counting"] = False
     path = os.environ.get("LEAKBENCH_STATS")
     if path:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(f"{{path}}.{{worker}}.json", "w") as f:
-            json.dump({{"warned": _WARNED, "cycles_alive_after_test": _ALIVE}}, f)
+            json.dump({{"warned": _WARNED, "cycles_alive_after_test": _ALIVE, "gc": _GC["by_gen"]}}, f)
 '''
 
 HELPERS = '''\
@@ -484,12 +510,18 @@ def main() -> int:
             results[(ci, r)] = outcomes(junit)
             with open(junit + ".log") as f:
                 logs[(ci, r)] = f.read()
-            st = {"warned": set(), "alive": set()}
+            st = {"warned": set(), "alive": set(), "gc": [[0, 0.0], [0, 0.0], [0, 0.0]]}
             for p in glob.glob(stats_path + ".*.json"):
                 with open(p) as f:
                     d = json.load(f)
                 st["warned"].update(d["warned"])
                 st["alive"].update(d["cycles_alive_after_test"])
+                for g, (n, secs) in enumerate(d.get("gc", [])):
+                    st["gc"][g][0] += n
+                    st["gc"][g][1] += secs
+            print("    the collector from collection's end to the session's end: "
+                  + ", ".join(f"generation {g}: {n} ({secs:.2f} s)" for g, (n, secs) in enumerate(st["gc"])),
+                  flush=True)
             stats[(ci, r)] = st
         for ci, t in this_round.items():
             unmeasured = this_round.get(next(i for i, c in enumerate(configs)
