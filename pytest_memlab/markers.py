@@ -101,12 +101,26 @@ def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
 
 
 def specs_for(item) -> list[MemorySpec]:
-    """The closest marker of each kind on item, parsed."""
+    """The closest marker of each kind on item, parsed; where the closest
+    cuda_memory marker is the test's own, every cuda_memory marker of the
+    test's own that names another device too (one budget per GPU)."""
     specs = []
     for name in ("cuda_memory", "cpu_memory"):
         marker = item.get_closest_marker(name)
-        if marker is not None:
-            specs.append(parse_marker(name, marker.args, marker.kwargs))
+        if marker is None:
+            continue
+        spec = parse_marker(name, marker.args, marker.kwargs)
+        specs.append(spec)
+        if name != "cuda_memory" or not any(m is marker for m in getattr(item, "own_markers", ())):
+            continue
+        devices = {spec.device or "cuda"}
+        for other in item.own_markers:
+            if other.name != name or other is marker:
+                continue
+            more = parse_marker(name, other.args, other.kwargs)
+            if (more.device or "cuda") not in devices:   # the same device twice: the closest wins
+                devices.add(more.device or "cuda")
+                specs.append(more)
     return specs
 
 

@@ -162,6 +162,44 @@ class TestClass:
     ])
 
 
+def test_one_cuda_budget_per_gpu_from_the_tests_own_markers(inner):
+    """Several cuda_memory markers on the test itself, naming other GPUs,
+    all apply (one budget each); the same GPU twice, or a class's marker
+    beside the test's own, keep the closest."""
+    inner.makeconftest("""
+from pytest_memlab.markers import specs_for
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        print("SPECS", item.name, [(s.device, s.max) for s in specs_for(item)])
+""")
+    inner.makepyfile(test_gpus="""
+import pytest
+
+@pytest.mark.cuda_memory(max="1MiB", device="cuda:0")
+@pytest.mark.cuda_memory(max="2MiB", device="cuda:1")
+def test_two_gpus():
+    pass
+
+@pytest.mark.cuda_memory(max="1MiB", device="cuda:1")
+@pytest.mark.cuda_memory(max="2MiB", device="cuda:1")
+def test_one_gpu_twice():
+    pass
+
+@pytest.mark.cuda_memory(max="4MiB", device="cuda:1")
+class TestClass:
+    @pytest.mark.cuda_memory(max="3MiB")
+    def test_own_wins(self):
+        pass
+""")
+    result = inner.runpytest("-s", "--collect-only", "-q")
+    out = result.stdout.str()
+    # the decorator nearest the function is the closest marker, and comes first
+    assert "SPECS test_two_gpus [('cuda:1', 2097152), ('cuda:0', 1048576)]" in out, out
+    assert "SPECS test_one_gpu_twice [('cuda:1', 2097152)]" in out, out
+    assert "SPECS test_own_wins [('cuda', 3145728)]" in out, out
+
+
 def test_function_fixtures_count_and_broader_fixtures_do_not(inner):
     result = run(inner, """
 @pytest.fixture

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import requires_cuda
 
 pytestmark = requires_cuda
@@ -105,3 +107,67 @@ def test_torchrun_ranks_sharing_one_gpu_exact_against_max_memory_allocated(inner
     peaks = {p["rank"]: p["devices"]["cuda:0"]["peak"] for p in test["processes"]}
     assert peaks == hand, (test["processes"], out)
     assert test["across_processes"]["cuda:0"]["worst"] == "rank 1"
+
+
+# -- two GPUs, one per rank, NCCL (the nvidia-h200-x2 machine) -------------------------
+
+def _gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+requires_two_gpus = pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+
+SPAWNED_NCCL = (SPAWNED.replace('torch.cuda.set_device(0)', 'torch.cuda.set_device(rank)')
+                .replace('reset_peak_memory_stats(0)', 'reset_peak_memory_stats(rank)')
+                .replace('memory_allocated(0)', 'memory_allocated(rank)')
+                .replace('max_memory_allocated(0)', 'max_memory_allocated(rank)')
+                .replace('dist.init_process_group("gloo", rank=rank, world_size=2)',
+                         'dist.init_process_group("nccl", rank=rank, world_size=2, '
+                         'device_id=torch.device("cuda", rank))'))
+
+
+@requires_two_gpus
+def test_two_spawned_nccl_ranks_one_gpu_each_exact_against_max_memory_allocated(inner):
+    """Each rank on its own GPU: its figures are on that GPU, exact against
+    what it reads itself, and the budget holds each rank on its own GPU."""
+    assert SPAWNED_NCCL.count("set_device(rank)") == 1 and '"nccl"' in SPAWNED_NCCL
+    inner.makepyfile(test_spawned=SPAWNED_NCCL)
+    result = inner.runpytest_subprocess("-s", "--memlab-json=r.json", "-p", "no:randomly")
+    out = result.stdout.str()
+    hand = by_hand(out)
+    assert hand == {0: int(1.5 * MiB), 1: 3 * MiB}, out
+    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    peaks = {p["rank"]: p["devices"][f"cuda:{p['rank']}"]["peak"] for p in test["processes"]}
+    assert peaks == hand, test["processes"]
+    assert test["failed_by_memlab"] == ["cuda:1 max [rank 1]"], test
+    result.stdout.fnmatch_lines(["*rank 1 (pid *): cuda:1 peak 3.0 MiB exceeds max 2.0 MiB by 1.0 MiB*"])
+
+
+TORCHRUN_NCCL = (TORCHRUN.replace('torch.cuda.set_device(0)\n    dist.init_process_group("gloo")',
+                                  'torch.cuda.set_device(RANK)\n    dist.init_process_group("nccl")')
+                 .replace('reset_peak_memory_stats(0)', 'reset_peak_memory_stats(RANK)')
+                 .replace('start = torch.cuda.memory_allocated(0)', 'start = torch.cuda.memory_allocated(RANK)')
+                 .replace('dist.all_reduce(t.cpu())', 'dist.all_reduce(t)')
+                 .replace('max_memory_allocated(0)', 'max_memory_allocated(RANK)'))
+
+
+@requires_two_gpus
+def test_torchrun_nccl_ranks_one_gpu_each_exact_against_max_memory_allocated(inner):
+    assert '"nccl"' in TORCHRUN_NCCL and "set_device(RANK)" in TORCHRUN_NCCL
+    inner.makepyfile(test_ranked=TORCHRUN_NCCL)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-s",
+                           "--memlab-json=r.json", "test_ranked.py"],
+                          cwd=inner.path, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    hand = by_hand(out)
+    assert set(hand) == {0, 1}, out
+    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    peaks = {p["rank"]: p["devices"][f"cuda:{p['rank']}"]["peak"] for p in test["processes"]}
+    assert peaks == hand, (test["processes"], out)

@@ -111,6 +111,32 @@ def test_markers_measure_the_second_gpu(inner):
     assert 'name="memlab.cuda:0.peak"' not in junit
 
 
+BOTH = """
+import torch, pytest
+MiB = 2**20
+
+@pytest.mark.cuda_memory(max="10MiB", device="cuda:0")
+@pytest.mark.cuda_memory(max="10MiB", device="cuda:1")
+def test_both_gpus():
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda:0")     # within cuda:0's budget
+    y = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda:1")    # over cuda:1's
+    del x, y
+"""
+
+
+@requires_two_gpus
+def test_a_test_on_both_gpus_is_held_to_each_gpus_budget(inner):
+    inner.makepyfile(test_both=BOTH)
+    result = inner.runpytest_subprocess("--memlab-json=r.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*cuda:1 peak 16.0 MiB exceeds max 10.0 MiB by 6.0 MiB*"])
+    assert "cuda:0 peak 8.0 MiB exceeds" not in result.stdout.str()
+    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    peaks = {device: figures["peak"] for device, figures in test["devices"].items()}
+    assert peaks == {"cuda:0": 8 * 2**20, "cuda:1": 16 * 2**20}, test["devices"]
+    assert test["failed_by_memlab"] == ["cuda:1 max"]
+
+
 @requires_two_gpus
 def test_set_target_gpu_one(tmp_path):
     import subprocess
