@@ -457,6 +457,9 @@ def main() -> int:
             ("xdist", "--memlab +reports", ["-n", str(args.xdist), "--memlab"]),
             ("xdist", "--memlab --memlab-leaks=off +reports", ["-n", str(args.xdist), "--memlab", "--memlab-leaks=off"]),
         ]
+    # each mode's unmeasured configuration: what its measured ones are compared with
+    ref_of = {mode: next(i for i, c in enumerate(configs) if c[0] == mode and c[1] == "unmeasured")
+              for mode in {c[0] for c in configs}}
     baseline = os.path.join(runs_dir, "baseline.json")
     times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
     cpus: dict[int, list[float]] = {i: [] for i in range(len(configs))}
@@ -524,8 +527,7 @@ def main() -> int:
                   flush=True)
             stats[(ci, r)] = st
         for ci, t in this_round.items():
-            unmeasured = this_round.get(next(i for i, c in enumerate(configs)
-                                             if c[0] == configs[ci][0] and c[1] == "unmeasured"))
+            unmeasured = this_round.get(ref_of[configs[ci][0]])
             if unmeasured:
                 paired[ci].append(t / unmeasured)
         round_times.append(time.perf_counter() - t_round)
@@ -544,8 +546,6 @@ def main() -> int:
     def med(ci):
         return statistics.median(times[ci]) if times[ci] else None
 
-    ref_of = {mode: next(i for i, c in enumerate(configs) if c[0] == mode and c[1] == "unmeasured")
-              for mode in {c[0] for c in configs}}
     rows = [("mode", "configuration", "median wall (s)", "ratio", "target", "paired ratio (median)",
              "CPU (s)", "CPU ratio", "outcomes identical",
              "tests warned (summary line)", "warned by kind", "caches reported", "JSON per test (median) / total", "HTML", "each round (s)",

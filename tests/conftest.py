@@ -1,5 +1,7 @@
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -44,6 +46,24 @@ if has_torch():
     # and register its operator library twice.  Imported once, here.
     import torch._dynamo  # noqa: F401
 requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
+
+
+def cuda_count() -> int:
+    if not has_torch():
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+requires_two_gpus = pytest.mark.skipif(cuda_count() < 2, reason="needs two CUDA devices")
+
+
+def torchrun(pytester, *args, timeout=240):
+    """pytest under torchrun, two ranks on this machine, in pytester's folder."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", *args]
+    return subprocess.run(cmd, cwd=pytester.path, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import requires_torch
+from conftest import requires_torch, torchrun
 
 pytestmark = requires_torch
 
@@ -50,12 +50,6 @@ def test_ddp_step():
     opt.step()
     dist.barrier()
 """
-
-
-def torchrun(pytester, *args, timeout=240):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", *args]
-    return subprocess.run(cmd, cwd=pytester.path, capture_output=True, text=True, timeout=timeout)
 
 
 def test_rank_zero_gathers_every_ranks_figures_and_judges_each_rank(inner):

@@ -5,12 +5,8 @@ at its start (its allocations are its own: no other tensor lives in it)."""
 
 import json
 import re
-import subprocess
-import sys
 
-import pytest
-
-from conftest import requires_cuda
+from conftest import requires_cuda, requires_two_gpus, torchrun
 
 pytestmark = requires_cuda
 
@@ -94,10 +90,7 @@ def test_per_rank():
 
 def test_torchrun_ranks_sharing_one_gpu_exact_against_max_memory_allocated(inner):
     inner.makepyfile(test_ranked=TORCHRUN)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-s",
-                           "--memlab-json=r.json", "test_ranked.py"],
-                          cwd=inner.path, capture_output=True, text=True, timeout=300)
+    proc = torchrun(inner, "-s", "--memlab-json=r.json", "test_ranked.py", timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     hand = by_hand(out)
@@ -111,21 +104,9 @@ def test_torchrun_ranks_sharing_one_gpu_exact_against_max_memory_allocated(inner
 
 # -- two GPUs, one per rank, NCCL (the nvidia-h200-x2 machine) -------------------------
 
-def _gpus() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
-requires_two_gpus = pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
-
 SPAWNED_NCCL = (SPAWNED.replace('torch.cuda.set_device(0)', 'torch.cuda.set_device(rank)')
                 .replace('reset_peak_memory_stats(0)', 'reset_peak_memory_stats(rank)')
-                .replace('memory_allocated(0)', 'memory_allocated(rank)')
-                .replace('max_memory_allocated(0)', 'max_memory_allocated(rank)')
+                .replace('memory_allocated(0)', 'memory_allocated(rank)')   # max_memory_allocated(0) too
                 .replace('dist.init_process_group("gloo", rank=rank, world_size=2)',
                          'dist.init_process_group("nccl", rank=rank, world_size=2, '
                          'device_id=torch.device("cuda", rank))'))
@@ -160,10 +141,7 @@ TORCHRUN_NCCL = (TORCHRUN.replace('torch.cuda.set_device(0)\n    dist.init_proce
 def test_torchrun_nccl_ranks_one_gpu_each_exact_against_max_memory_allocated(inner):
     assert '"nccl"' in TORCHRUN_NCCL and "set_device(RANK)" in TORCHRUN_NCCL
     inner.makepyfile(test_ranked=TORCHRUN_NCCL)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-s",
-                           "--memlab-json=r.json", "test_ranked.py"],
-                          cwd=inner.path, capture_output=True, text=True, timeout=300)
+    proc = torchrun(inner, "-s", "--memlab-json=r.json", "test_ranked.py", timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     hand = by_hand(out)

@@ -8,21 +8,10 @@ import os
 
 import pytest
 
-from conftest import requires_torch
+from conftest import requires_torch, requires_two_gpus
 
 pytestmark = requires_torch
 
-
-def cuda_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        return 0
-
-
-requires_two_gpus = pytest.mark.skipif(cuda_count() < 2, reason="needs two CUDA devices")
 
 RECORD = """
 import json, os
