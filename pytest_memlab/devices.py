@@ -10,6 +10,8 @@ memory, so its totals are 0 by definition).
 
 from __future__ import annotations
 
+import os
+
 from .engine.backend import BRIDGE, COUNTERS
 
 CPU = "cpu"
@@ -48,6 +50,20 @@ def parse_device(value: object, *, allow_cpu: bool = True, default_cuda: str = "
 
 def cuda_index(device: str) -> int:
     return int(device.split(":")[1])
+
+
+def machine_gpu(device: str) -> str:
+    """The GPU behind ``cuda:N`` as the machine numbers it, where this
+    process sees a narrowed set (``CUDA_VISIBLE_DEVICES``, as
+    --memlab-gpus-per-worker sets it: a worker's ``cuda:0`` may be the
+    machine's GPU 1): the variable's N-th entry; "" where nothing narrows
+    it, or for the CPU."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible or not device.startswith("cuda:"):
+        return ""
+    entries = [e.strip() for e in visible.split(",")]
+    index = cuda_index(device)
+    return entries[index] if index < len(entries) else ""
 
 
 def cuda_available(core) -> bool:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import requires_torch, requires_two_gpus
+from conftest import requires_cuda, requires_torch, requires_two_gpus
 
 pytestmark = requires_torch
 
@@ -62,6 +62,50 @@ def test_without_workers_it_says_so_and_changes_nothing(inner, monkeypatch):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["--memlab-gpus-per-worker works under pytest-xdist (-n N) only; this run has no workers"])
     assert json.loads((inner.path / "seen-main-0.json").read_text()) == "3,5"
+
+
+@pytest.mark.parametrize("visible, device, expected", [
+    (None, "cuda:0", ""), ("", "cuda:1", ""), ("3,5", "cuda:0", "3"), ("3, 5", "cuda:1", "5"),
+    ("3,5", "cuda:2", ""), ("3,5", "cpu", ""),
+    ("GPU-8f4c2a61-0d2e-4b1c-9a7e-1c2d3e4f5a6b", "cuda:0", "GPU-8f4c2a61-0d2e-4b1c-9a7e-1c2d3e4f5a6b"),
+])
+def test_the_machines_gpu_behind_a_device(monkeypatch, visible, device, expected):
+    from pytest_memlab.devices import machine_gpu
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert machine_gpu(device) == expected
+
+
+ON_MY_GPU = """
+import torch, pytest
+
+@pytest.mark.parametrize("n", range(4))
+@pytest.mark.cuda_memory(max="64MiB")
+def test_on_my_gpu(n):
+    x = torch.empty((n + 1) * 2**20, dtype=torch.uint8, device="cuda")
+    del x
+"""
+
+
+@requires_cuda
+def test_pinned_workers_on_one_gpu_share_it_and_the_report_names_it(inner, monkeypatch):
+    """On a one-GPU machine both workers get GPU 0; each test's figures are
+    its own, and the report names the machine's GPU behind cuda:0."""
+    inner.makepyfile(test_gpus=ON_MY_GPU)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-gpus-per-worker", "--memlab-json=r.json")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["GPUs per worker (CUDA_VISIBLE_DEVICES): gw0 -> 0, gw1 -> 0"])
+    tests = {t["nodeid"]: t["devices"] for t in json.loads((inner.path / "r.json").read_text())["tests"]}
+    assert {nodeid: (d["cuda:0"]["peak"], d["cuda:0"]["gpu"]) for nodeid, d in tests.items()} == \
+        {f"test_gpus.py::test_on_my_gpu[{n}]": ((n + 1) * 2**20, "0") for n in range(4)}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    result = inner.runpytest_subprocess("--memlab-json=r.json")
+    result.assert_outcomes(passed=4)
+    assert {t["devices"]["cuda:0"]["gpu"] for t in json.loads((inner.path / "r.json").read_text())["tests"]} == {None}
 
 
 # -- two GPUs ---------------------------------------------------------------------
@@ -174,7 +218,7 @@ def test_on_my_gpu(n, worker_id):
 def test_one_worker_per_gpu_writes_one_baseline(inner):
     inner.makepyfile(test_gpus=PER_WORKER)
     result = inner.runpytest_subprocess("-n", "2", "--memlab-gpus-per-worker", "--memlab-baseline=bl.json",
-                                        "--memlab-update-baseline")
+                                        "--memlab-update-baseline", "--memlab-json=r.json")
     result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines(["GPUs per worker (CUDA_VISIBLE_DEVICES): gw0 -> 0, gw1 -> 1",
                                  "baseline bl.json [[]cuda[]] updated: 8 tests written (8 new, 0 changed)"])
@@ -183,6 +227,12 @@ def test_one_worker_per_gpu_writes_one_baseline(inner):
         uuids.setdefault(f.name.split("-")[1], set()).add(json.loads(f.read_text()))
     assert len(uuids) == 2 and all(len(u) == 1 for u in uuids.values())
     assert uuids["gw0"] != uuids["gw1"]     # two workers, two GPUs
+    # the report names the machine's GPU behind each worker's cuda:0
+    ran_on = {int(f.name.split("-")[2].split(".")[0]): f.name.split("-")[1] for f in inner.path.glob("uuid-*.json")}
+    report = {t["nodeid"]: t["devices"]["cuda:0"] for t in json.loads((inner.path / "r.json").read_text())["tests"]}
+    assert {n: report[f"test_gpus.py::test_on_my_gpu[{n}]"]["gpu"] for n in range(8)} == \
+        {n: {"gw0": "0", "gw1": "1"}[w] for n, w in ran_on.items()}
+    assert [report[f"test_gpus.py::test_on_my_gpu[{n}]"]["peak"] for n in range(8)] == [(n + 1) * 2**20 for n in range(8)]
     tests = json.loads((inner.path / "bl.json").read_text())["tests"]
     assert sorted(tests[f"test_gpus.py::test_on_my_gpu[{n}]"]["cuda"]["peak"] for n in range(8)) == \
         [(n + 1) * 2**20 for n in range(8)]

@@ -16,7 +16,7 @@ import gc
 from dataclasses import dataclass, field
 
 from ..children.gathering import ChildWatch, StartupHookMissing
-from ..devices import default_device
+from ..devices import default_device, machine_gpu
 from ..engine.backend import BRIDGE, MemlabCoreError
 from ..engine.meters import make_meter
 from ..judging.messages import leak_report
@@ -214,6 +214,7 @@ class TestRun:
                 continue
             d = result.devices[device] = DeviceResult.from_figures(figures, spec, top)
             d.name = self.names.get(device, device)
+            d.gpu = machine_gpu(device)
             if device in self.leaked and figures.measured:
                 d.leaked = self.leaked[device]   # the figure agrees with the verdict
             change = self.changes.get(device)

@@ -187,7 +187,7 @@ _SCRIPT = r"""
     const box = document.getElementById('detail');
     box.innerHTML = '';
     const h = document.createElement('h2');
-    h.textContent = t.nodeid + ' (' + dev + ', ' + t.outcome + ')';
+    h.textContent = t.nodeid + ' (' + dev + (d.gpu ? ': the machine\'s GPU ' + d.gpu : '') + ', ' + t.outcome + ')';
     box.appendChild(h);
     const p = document.createElement('p');
     p.textContent = 'own peak ' + size(d.peak) + ', total peak ' + size(d.peak_total) +

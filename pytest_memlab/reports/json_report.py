@@ -22,6 +22,7 @@ def _device(d) -> dict:
     return {
         "device": d.device,
         "name": d.name or d.device,
+        "gpu": d.gpu or None,
         "measured": d.measured,
         "reason": d.reason or None,
         "peak": d.peak,

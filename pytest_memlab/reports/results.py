@@ -13,7 +13,8 @@ and their figures, ``memlab.said`` (JSON list) for findings whose warning the wa
 made an error, ``memlab.user_failed`` when the test failed by its own doing (its figures
 then do not go into a baseline), ``memlab.DEVICE.name`` for the device as
 the test asked for it (the baseline's key: ``cuda`` for the current CUDA
-device), ``memlab.DEVICE.baseline`` for the comparison's outcome
+device), ``memlab.DEVICE.gpu`` for the machine's GPU behind a narrowed
+``CUDA_VISIBLE_DEVICES`` (a pinned worker's ``cuda:0``), ``memlab.DEVICE.baseline`` for the comparison's outcome
 (``regressed``, ``improved``, ``same``, ``new``), and, only when a JSON or
 HTML report is written, ``memlab.DEVICE.detail`` (JSON: the timeline, the
 marks and phases, where the peak fell, the leak report).
@@ -29,7 +30,7 @@ _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": 
 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak")
-_STR_KEYS = ("reason", "name", "baseline")
+_STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
 @dataclass
@@ -48,6 +49,7 @@ class DeviceResult:
     max_reserved: int | None = None
     top: list = field(default_factory=list)  # heaviest lines: {file, line, function, bytes, peak_total}
     name: str = ""                   # as the test asked for it: the baseline's key
+    gpu: str = ""                    # the machine's GPU behind a narrowed CUDA_VISIBLE_DEVICES (devices.machine_gpu)
     baseline_peak: int | None = None
     baseline: str = ""               # "regressed", "improved", "same", "new" or "" (no baseline)
     # What the JSON and HTML reports show besides (filled only when one is asked for):
@@ -113,7 +115,7 @@ def _keys(device: str) -> tuple:
     keys = _KEYS.get(device)
     if keys is None:
         p = f"{PREFIX}{device}."
-        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline",
+        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu",
                                 tuple((key, p + key) for key in _INT_KEYS), p + "top", p + "detail")
     return keys
 
@@ -122,7 +124,7 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
     props: list[tuple[str, object]] = []
     add = props.append
     for device, d in result.devices.items():
-        measured, reason, name, baseline, ints, top, detail = _keys(device)
+        measured, reason, name, baseline, gpu, ints, top, detail = _keys(device)
         if not d.measured:
             add((measured, "false"))
             add((reason, d.reason))
@@ -130,6 +132,8 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
             add((name, d.name))
         if d.baseline:
             add((baseline, d.baseline))
+        if d.gpu:
+            add((gpu, d.gpu))
         for key, prop in ints:
             value = getattr(d, key)
             if value is not None:
