@@ -56,6 +56,9 @@ BREAKDOWN = {
 }
 
 
+UNMEASURED = ["-p", "no:memlab"]
+
+
 def run(folder: str, args: list[str], junit: str, measured: bool, memlab_args: list[str] | None = None,
         label: str = "", cpu: list | None = None) -> float:
     """The wall time of one pytest process over folder; cpu, where given,
@@ -66,7 +69,7 @@ def run(folder: str, args: list[str], junit: str, measured: bool, memlab_args: l
     if memlab_args is not None:
         cmd += memlab_args
     else:
-        cmd += ["--memlab-report"] if measured else ["-p", "no:memlab"]
+        cmd += ["--memlab-report"] if measured else UNMEASURED
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
@@ -100,8 +103,12 @@ def main() -> int:
     ap.add_argument("--measured", default="--memlab-report",
                     help="the measured runs' memlab options (default: --memlab-report); e.g. '--memlab', "
                          "or with -n 4 and the reports")
+    ap.add_argument("--unmeasured", default=" ".join(UNMEASURED),
+                    help="the unmeasured runs' options (default: -p no:memlab); e.g. "
+                         "'--memlab-gpus-per-worker', which pins xdist's workers one per GPU and measures nothing")
     args = ap.parse_args(argv)
     measured_args = shlex.split(args.measured)
+    unmeasured_args = shlex.split(args.unmeasured)
     times = {False: [], True: []}
     cpus = {False: [], True: []}
     results = {}
@@ -121,7 +128,7 @@ def main() -> int:
             for measured in (False, True) if r % 2 == 0 else (True, False):
                 junit = os.path.join(tmp, f"{'on' if measured else 'off'}-{r}.xml")
                 times[measured].append(run(args.suite, extra, junit, measured,
-                                           measured_args if measured else None, cpu=cpus[measured]))
+                                           measured_args if measured else unmeasured_args, cpu=cpus[measured]))
                 results[(measured, r)] = outcomes(junit)
         rounds = len(times[True])
         last_log = open(os.path.join(tmp, f"on-{rounds - 1}.xml.log")).read()
@@ -149,7 +156,9 @@ def main() -> int:
     cpu_ratio = statistics.median(cpus[True]) / statistics.median(cpus[False])
     summary_line = next((ln for ln in reversed(last_log.splitlines()) if "tests measured" in ln), "")
     lines = [
-        f"{args.name or args.suite}: `{' '.join(extra)}`",
+        f"{args.name or args.suite}: `{' '.join(extra)}`"
+        + (f", unmeasured with `{' '.join(unmeasured_args) or 'memlab loaded, measuring nothing'}`"
+           if unmeasured_args != UNMEASURED else ""),
         "",
         f"- tests: {len(off)} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))})",
         f"- outcomes identical: {'yes' if not problems else 'NO'} ({len(problems)} differences)",
