@@ -75,6 +75,23 @@ def cuda_available(core) -> bool:
     return known
 
 
+def other_gpus(core, requested: list[str]) -> list[str]:
+    """The CUDA devices this process sees besides those of requested
+    (``"cuda"``: the current one), where requested has a CUDA device and
+    the process sees more than one: a test that asked for one GPU may use
+    another too.  Counted once per process, without initialising CUDA."""
+    if not any(d.startswith("cuda") for d in requested) or not cuda_available(core):
+        return []
+    gpus = getattr(core, "cuda_devices", None)
+    if gpus is None:
+        gpus = core.cuda_devices = [f"cuda:{i}" for i in range(core.torch.cuda.device_count())]
+    if len(gpus) < 2:
+        return []
+    current = f"cuda:{current_cuda(core.torch.cuda)}"
+    asked = {current if d == "cuda" else d for d in requested}
+    return [g for g in gpus if g not in asked]
+
+
 def default_device(core) -> str:
     """What an unmarked test or a profiler without a target measures: CUDA
     where there is CUDA, else the CPU."""

@@ -49,6 +49,12 @@ class MemorySpec:
     marked: bool = True             # False: measured because of --memlab
 
 
+# What an unmarked test is measured with (--memlab, the memlab fixture), and
+# any other GPU a test uses besides the devices it asked for: no budget, the
+# session's leak policy.
+UNMARKED = MemorySpec(kind="auto", device=None, leaks=None, marked=False)
+
+
 def _parse_device(value: object) -> str | None:
     if value is None:
         return None
@@ -159,6 +165,6 @@ def stash_specs(items, measure_all: bool) -> list[str]:
             item.stash[BAD_MARKER] = f"pytest-memlab: bad memory marker\n  {item.nodeid}: {exc}"
             continue
         if not specs and (measure_all or "memlab" in getattr(item, "fixturenames", ())):
-            specs = [MemorySpec(kind="auto", device=None, leaks=None, marked=False)]
+            specs = [UNMARKED]
         item.stash[SPECS] = specs
     return errors

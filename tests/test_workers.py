@@ -12,6 +12,8 @@ from conftest import requires_cuda, requires_torch, requires_two_gpus
 
 pytestmark = requires_torch
 
+MiB = 2**20
+
 
 RECORD = """
 import json, os
@@ -168,6 +170,54 @@ def test_a_test_on_both_gpus_is_held_to_each_gpus_budget(inner):
     peaks = {device: figures["peak"] for device, figures in test["devices"].items()}
     assert peaks == {"cuda:0": 8 * 2**20, "cuda:1": 16 * 2**20}, test["devices"]
     assert test["failed_by_memlab"] == ["cuda:1 max"]
+
+
+UNASKED = """
+import torch, pytest
+MiB = 2**20
+kept = []
+
+def test_unmarked_on_both():
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda:0")
+    y = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda:1")
+    del x, y
+
+def test_unmarked_on_the_first_only():
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda:0")
+    del x
+
+@pytest.mark.cuda_memory(max="4MiB")
+def test_budget_on_the_first_and_the_second_used_too():
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda:0")
+    y = torch.empty(6 * MiB, dtype=torch.uint8, device="cuda:1")   # no budget of its own: reported
+    del x, y
+
+def test_leaks_on_the_second():
+    kept.append(torch.empty(MiB, dtype=torch.uint8, device="cuda:1"))
+"""
+
+
+@requires_two_gpus
+def test_every_gpu_a_test_uses_is_measured(inner):
+    """A test that asks for one GPU (or none: --memlab) and uses another
+    too: both are measured and reported, the budget holds on its own GPU
+    only, a GPU the test did not use is left out, and a leak on the other
+    GPU is caught."""
+    inner.makepyfile(test_unasked=UNASKED)
+    result = inner.runpytest_subprocess("--memlab-json=r.json", "-p", "no:randomly")
+    result.assert_outcomes(passed=4)
+    tests = {t["nodeid"].split("::")[1]: t for t in json.loads((inner.path / "r.json").read_text())["tests"]}
+    peaks = {name: {d: f["peak"] for d, f in t["devices"].items()} for name, t in tests.items()}
+    assert peaks == {
+        "test_unmarked_on_both": {"cuda:0": 3 * MiB, "cuda:1": 5 * MiB},
+        "test_unmarked_on_the_first_only": {"cuda:0": 2 * MiB},
+        "test_budget_on_the_first_and_the_second_used_too": {"cuda:0": 3 * MiB, "cuda:1": 6 * MiB},
+        "test_leaks_on_the_second": {"cuda:0": 0, "cuda:1": MiB},   # cuda:0 is the one it asked for
+    }, peaks
+    budgeted = tests["test_budget_on_the_first_and_the_second_used_too"]["devices"]
+    assert (budgeted["cuda:0"]["max"], budgeted["cuda:1"]["max"]) == (4 * MiB, None)
+    assert tests["test_leaks_on_the_second"]["warned"] == ["cuda:1 leaks"]
+    assert tests["test_leaks_on_the_second"]["devices"]["cuda:1"]["leaked"] == MiB
 
 
 @requires_two_gpus

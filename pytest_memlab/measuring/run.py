@@ -16,10 +16,11 @@ import gc
 from dataclasses import dataclass, field
 
 from ..children.gathering import ChildWatch, StartupHookMissing
-from ..devices import default_device, machine_gpu
+from ..devices import default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
 from ..engine.meters import make_meter
 from ..judging.messages import leak_report
+from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
 from .measurement import Measurement
 
@@ -57,6 +58,7 @@ class TestRun:
     watch: ChildWatch | None = None       # the session's, which armed it
     children: list = field(default_factory=list)  # ChildFigures of the processes it started
     ranks: list = field(default_factory=list)     # under torchrun, on rank 0: every rank's ChildFigures
+    others: list = field(default_factory=list)    # GPUs measured that the test did not ask for
 
     # -- opening -------------------------------------------------------------------
     def begin(self, core, options, session) -> str | None:
@@ -68,11 +70,16 @@ class TestRun:
             c = core()
             session.saw_backend(c)
             requested = [default_device(c) if spec.kind == "auto" else spec.device for spec in self.specs]
-            measurement = Measurement(c, list(dict.fromkeys(requested)), park=True, timeline=True,
+            # Every GPU the test uses is measured: the others it did not ask
+            # for too (kept only if it allocated there: TestRun.end).
+            others = other_gpus(c, requested) if c.name == BRIDGE else []
+            measurement = Measurement(c, list(dict.fromkeys(requested)) + others, park=True, timeline=True,
                                       log=options.snapshot is not None)
             resolved = measurement.resolved
             self.devices = [(spec, resolved[r]) for spec, r in zip(self.specs, requested)]
-            self.names = {resolved[r]: r for r in requested}
+            self.devices += [(UNMARKED, d) for d in others]
+            self.others = others
+            self.names = {resolved[r]: r for r in [*requested, *others]}
             self.judged = session.baseline is not None or any(spec.marked for spec in self.specs)
             measurement.begin()
             children = session.children
@@ -180,6 +187,21 @@ class TestRun:
         except Exception as exc:
             self.figures = measurement.final or {}
             self.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
+        if self.others:
+            self._drop_unused_gpus()
+
+    def _drop_unused_gpus(self) -> None:
+        """The other GPUs that the test allocated nothing on leave its
+        figures (its result and its baseline name only the GPUs it used)."""
+        unused = set()
+        for device in self.others:
+            f = self.figures.get(device)
+            if f is None or not f.allocs:
+                unused.add(device)
+        if unused:
+            self.devices = [(spec, d) for spec, d in self.devices if d not in unused]
+            for device in unused:
+                self.figures.pop(device, None)
 
     def write_snapshots(self, folder) -> None:
         """--memlab-snapshot: this run's allocation log per device, once."""
