@@ -205,6 +205,58 @@ def test_of_types_picks_the_exact_types():
         E.of_types([1, 2], [int])
 
 
+def test_a_suspects_block_that_a_later_suspect_took_is_gone():
+    """Leak suspects watch their blocks' addresses; a block freed and its
+    address handed out again, to a test that leaves it too, belongs to that
+    later suspect only (the watch, armed again by it, cannot tell)."""
+    from injected_allocator import alloc, free
+
+    from pytest_memlab.measuring.leak_suspects import LeakSuspects
+
+    suspects = LeakSuspects()
+    a, kept = alloc(1024), alloc(512)
+    suspects.add("test_a", "cpu", [(a, 1024, 1, 0), (kept, 512, 1, 0)], 0)
+    free(a, 1024)                      # a later test frees test_a's block ...
+    E.inject(E.SLOT_CPU, a, 1024)      # ... and gets its address again, and leaves it
+    suspects.add("test_b", "cpu", [(a, 1024, 2, 0)], 0)
+    other = alloc(256)
+    suspects.add("test_c", "cpu", [(other, 256, 3, 0)], 0)
+    free(other, 256)                   # freed where the watch hears it
+    suspects._drop_gone()
+    assert [(s.nodeid, [b[0] for b in s.blocks]) for s in suspects.pending] == \
+        [("test_a", [kept]), ("test_b", [a]), ("test_c", [])]
+    free(a, 1024)
+    free(kept, 512)
+    E.unwatch(E.SLOT_CPU)
+
+
+def test_referrers_are_gc_get_referrers_over_a_snapshot():
+    """The holder search's referrers in C: what refers to any of the
+    objects asked about, among a heap snapshot, as gc.get_referrers finds
+    it (the snapshot and the list asked about aside); bad arguments named."""
+    import gc
+
+    class Box:
+        pass
+
+    a, b = [1], {"x": 2}
+    box = Box()
+    box.a = a
+    holders = [[a], {"k": b}, (a, b)]     # box holds a too: itself, or through its __dict__
+    heap = gc.get_objects()
+    asked = [a, b]
+    got = E.referrers(heap, asked)
+    ids = [id(x) for x in got]
+    assert len(ids) == len(set(ids))                     # each referrer once
+    assert {id(h) for h in holders} <= set(ids)
+    assert set(ids) == {id(x) for x in gc.get_referrers(a, b) if x is not heap and x is not asked}
+    assert E.referrers(heap, []) == [] and E.referrers([], asked) == []
+    with pytest.raises(TypeError, match="referrers"):
+        E.referrers((a,), asked)
+    with pytest.raises(TypeError, match="referrers"):
+        E.referrers(heap, (a,))
+
+
 def test_tensor_objects_finds_every_tensor_and_subclass():
     torch = pytest.importorskip("torch")
     from pytest_memlab.engine.heap import tensor_objects

@@ -450,6 +450,65 @@ def test_closure():
     ])
 
 
+PARAMETER_STATE = """
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+class Augment:
+    \"\"\"Keeps its last call's parameters on itself, as kornia's augmentations do.\"\"\"
+    def __call__(self, x):
+        self._params = {"noise": torch.empty(KiB, dtype=torch.uint8, device=DEV)}
+        return x
+
+AUGMENTS = [Augment(), Augment()]   # built once: every test that names one shares it
+
+@pytest.mark.parametrize("aug", AUGMENTS)
+@pytest.mark.parametrize("n", range(3))
+def test_augment(aug, n):
+    aug(torch.ones(4))
+
+@pytest.mark.parametrize("pipeline", [[Augment()], [Augment()]])
+def test_pipeline(pipeline):
+    for aug in pipeline:
+        aug(torch.ones(4))
+
+def test_grows():
+    _CACHE.append(torch.empty(2 * KiB, dtype=torch.uint8, device=DEV))
+"""
+
+
+def test_state_a_test_leaves_on_its_parameters_is_a_cache_not_a_leak(inner):
+    """An object from a parametrize list serves every test that names it,
+    and pytest holds it for the whole session: what a test leaves on it
+    (the last call's state, replaced by the next) is held by that
+    parameter, named so, reported once per parameter as a cache, and told
+    from garbage without a full collection.  A real leak beside it is
+    still named."""
+    import json
+
+    inner.makeconftest(COUNT_FULL_COLLECTIONS)
+    inner.makepyfile(test_inner=HEADER + PARAMETER_STATE)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "-s", "--memlab", "--memlab-json=r.json")
+    result.assert_outcomes(passed=9)
+    out = result.stdout.str()
+    assert ", at the end: 0" in out, out
+    warnings = out.split("warnings summary")[-1].split("= memlab =")[0]
+    assert "test_augment" not in warnings and "test_pipeline" not in warnings, out
+    result.stdout.fnmatch_lines(["*leaked 2.0 KiB after teardown (allowed 0 B) in test_inner.py::test_grows, confirmed*",
+                                 "*held by: module test_inner, global _CACHE[[]0[]]",
+                                 "* cache: 2.0 KiB kept by test test_inner.py::test_augment, parameter aug, filled by "
+                                 "test_inner.py::test_augment[[]2-aug0[]] (and 1 later test on values of their own)"])
+    report = json.loads((inner.path / "r.json").read_text())
+    caches = {c["holder"]: (c["bytes"], c["tests"]) for c in report["caches"]}
+    assert caches == {
+        "test test_inner.py::test_augment, parameter aug": (
+            2 * 1024, ["test_inner.py::test_augment[2-aug0]", "test_inner.py::test_augment[2-aug1]"]),
+        "test test_inner.py::test_pipeline, parameter pipeline": (
+            2 * 1024, ["test_inner.py::test_pipeline[pipeline0]", "test_inner.py::test_pipeline[pipeline1]"]),
+    }, report["caches"]
+    leaked = {t["nodeid"].split("::")[1]: sum(d["leaked"] for d in t["devices"].values()) for t in report["tests"]}
+    assert leaked["test_grows"] == 2 * 1024 and sum(leaked.values()) == 2 * 1024, leaked
+
+
 def test_suspects_under_xdist_and_warnings_as_errors(inner):
     pytest.importorskip("xdist")
     inner.makepyfile(test_inner=HEADER + CYCLES_CACHES_LEAKS)

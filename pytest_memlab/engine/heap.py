@@ -1,6 +1,6 @@
-"""The tensors on the garbage collector's heap, for the leak check and the
-laboratory's storage report: picked by type in C, since a large process's
-heap holds a million objects."""
+"""The garbage collector's heap, for the leak check and the laboratory's
+storage report: its tensors, picked by type in C, and who refers to what,
+in C too, since a large process's heap holds a million objects."""
 
 from __future__ import annotations
 
@@ -28,3 +28,16 @@ def tensor_objects(torch) -> list:
     there).  By type, not isinstance(): isinstance asks __class__, which
     some module-level objects answer with a deprecation warning."""
     return _engine.of_types(gc.get_objects(), _tensor_types(torch))
+
+
+def heap_objects() -> list:
+    """Every object the garbage collector tracks (a snapshot: the holder
+    search walks it once a level)."""
+    return gc.get_objects()
+
+
+def referrers(heap: list, targets: list) -> list:
+    """The objects of heap that refer to any of targets: gc.get_referrers,
+    at one lookup a reference instead of one comparison per target (the
+    holder search asks about hundreds of objects a level)."""
+    return _engine.referrers(heap, targets)

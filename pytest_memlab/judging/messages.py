@@ -159,6 +159,8 @@ def baseline_failure(change, figures, top: int = 5, context: str = "") -> str:
 def cache_report(cache) -> str:
     """A cache, once: its holder, its bytes, the tests that filled it."""
     first, rest = cache.tests[0], cache.tests[1:]
-    others = f" (and {plural(len(rest), 'later test')} adding keys of their own)" if rest else ""
+    # a parameter's values: each test left its own value's state
+    what = "on values of their own" if cache.holder.startswith("test ") else "adding keys of their own"
+    others = f" (and {plural(len(rest), 'later test')} {what})" if rest else ""
     return (f"{cache.device} cache: {format_size(cache.bytes)} kept by {cache.holder}, "
             f"filled by {first}{others}")

@@ -21,7 +21,8 @@ from .findings import Cache, Change, Exceeded, Growth
 from .messages import baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report
 
 # A holder path's root: what holds the first step (see leak_search.holders_of).
-_ROOT = re.compile(r"^(module \S+, global \w+|class \S+, attribute \w+|closure of \S+ \(variable \w+\))")
+_ROOT = re.compile(r"^(module \S+, global \w+|class \S+, attribute \w+|closure of \S+ \(variable \w+\)"
+                   r"|test \S+, parameter \w+)")
 
 # --memlab-leaks and a marker's leaks= decide what a leak does.
 LEAK_POLICIES = ("fail", "warn", "off")
@@ -94,8 +95,10 @@ def _cache_root(path: str) -> str | None:
     if match is None:
         return None
     rest = path[match.end():]
-    if re.match(r"\[-?\d+\]", rest):
-        return None   # a sequence's element: grows with each test that appends
+    if re.match(r"\[-?\d+\]", rest) and not path.startswith("test "):
+        # a sequence's element: grows with each test that appends (a
+        # parameter's list was built once, in the parametrize list)
+        return None
     return match.group(1)
 
 

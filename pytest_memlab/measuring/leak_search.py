@@ -10,7 +10,7 @@ collection.  What stays is a leak: its blocks are grouped by the user call
 chain that allocated them, the Python tensors living in them are found
 among the objects the garbage collector tracks, and for each a path of
 references from a root (a module global, a class attribute, a closure, a
-frame) is searched through the collector's referrers, within a time bound.
+frame, a value that pytest's parametrize gave the tests) is searched through the collector's referrers, within a time bound.
 Blocks that no Python tensor owns are held by autograd (a retained graph's
 saved tensors) or by C++.
 
@@ -29,7 +29,7 @@ from collections import deque
 
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
-from ..engine.heap import tensor_objects
+from ..engine.heap import heap_objects, referrers, tensor_objects
 from ..judging.findings import Leak, LeakedTensor, LeakSite
 
 # Per leaking test, for every holder search together.  Each level of the
@@ -80,19 +80,44 @@ def _live_tensors(torch, device: str, grads: dict) -> list:
     return out
 
 
+_SCALARS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType)
+
+
+def parameter_roots(items) -> dict[int, str]:
+    """id(value) -> "test TEST, parameter NAME" for each value that pytest's
+    parametrize gave the collected tests (items), scalars aside.  pytest
+    holds those values for the whole session (an object built in a
+    parametrize list serves every test that names it, like a broader
+    fixture's value), so what a test left on one is held, not garbage."""
+    roots: dict[int, str] = {}
+    for item in items or ():
+        params = getattr(getattr(item, "callspec", None), "params", None)
+        if not params:
+            continue
+        test = None
+        for name, value in params.items():
+            if isinstance(value, _SCALARS) or id(value) in roots:
+                continue
+            test = test or item.nodeid.partition("[")[0]
+            roots[id(value)] = f"test {test}, parameter {name}"
+    return roots
+
+
 def find(core, device: str, blocks, allowed: int, top: int, started: float | None = None,
-         excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset()) -> Leak:
+         excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset(),
+         params: dict[int, str] | None = None) -> Leak:
     """The leak report for blocks ((addr, size, scope, site), live after
     the protocol) on device.  excused: ids of objects that pytest releases
     right after teardown (a function fixture's value in item.funcargs),
     whose references ignore_ids lists: a tensor among them with no other
     holder is not a leak."""
-    return find_many(core, device, [(blocks, allowed)], started, excused, ignore_ids)[0]
+    return find_many(core, device, [(blocks, allowed)], started, excused, ignore_ids, params=params)[0]
 
 
 def find_many(core, device: str, groups: list, started: float | None = None,
               excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset(),
-              seconds: float = HOLDER_SECONDS, deferred: bool = False) -> list[Leak]:
+              seconds: float = HOLDER_SECONDS, deferred: bool = False,
+              params: dict[int, str] | None = None) -> list[Leak]:
     """A Leak per group (blocks, allowed) of device, from one scan of the
     live tensors and one holder search for all of them (a batch of suspects
     costs what one does).  deferred: the groups' tests ended a while ago,
@@ -100,27 +125,29 @@ def find_many(core, device: str, groups: list, started: float | None = None,
     Python tensor owns may have been freed unheard, so such bytes count
     only where a tensor of the same group retains an autograd graph (whose
     saved tensors they are).  The process is settled beforehand
-    (:func:`settle`)."""
-    return _find_many(core, device, groups, started, excused, ignore_ids, seconds, deferred)
+    (:func:`settle`).  params: :func:`parameter_roots`."""
+    return _find_many(core, device, groups, started, excused, ignore_ids, seconds, deferred, params=params)
 
 
 def find_held(core, device: str, groups: list, started: float | None = None,
               excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset(),
-              seconds: float = HOLDER_SECONDS) -> list[Leak] | None:
+              seconds: float = HOLDER_SECONDS, params: dict[int, str] | None = None) -> list[Leak] | None:
     """find_many for deferred groups in a process not settled: the Leaks
     where every tensor found in the groups' blocks is proven held, by a
     path from a module's globals, or from a class or a function that its
     module names (modules are held by sys.modules, so what such a path
-    reaches is no garbage a collection would free), else None
+    reaches is no garbage a collection would free), or from a parameter's
+    value (pytest holds those for the session), else None
     (the caller settles the process and asks find_many).  A suite's
     suspects at its end are mostly caches and true leaks in module
     globals: this spares the full collection, the largest part of the
     end's cost on a large heap."""
-    return _find_many(core, device, groups, started, excused, ignore_ids, seconds, True, proof=True)
+    return _find_many(core, device, groups, started, excused, ignore_ids, seconds, True, proof=True, params=params)
 
 
 def _find_many(core, device: str, groups: list, started: float | None, excused: set[int],
-               ignore_ids: set[int], seconds: float, deferred: bool, proof: bool = False) -> list[Leak] | None:
+               ignore_ids: set[int], seconds: float, deferred: bool, proof: bool = False,
+               params: dict[int, str] | None = None) -> list[Leak] | None:
     torch = core.torch
     leaks, by_site, starts = [], [], []
     for g, (blocks, allowed) in enumerate(groups):
@@ -137,7 +164,10 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     starts.sort()
     addrs = [b[0] for b in starts]
     owned: dict[int, int] = {}     # block addr -> bytes owned by tensors found
-    found: dict[int, tuple] = {}   # storage ptr -> (block, first tensor)
+    # storage ptr -> (block, its tensors): a view holds its base from C++,
+    # out of the collector's sight, so each tensor of a storage is searched
+    # for, and the storage is held where any of them is
+    found: dict[int, tuple] = {}
     grads: dict[int, object] = {}
     tensors = _live_tensors(torch, device, grads) if torch is not None else []
     for ptr, nbytes, tensor in tensors:
@@ -145,30 +175,36 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         if i < 0:
             continue
         addr, size, _, _ = starts[i]
-        if ptr >= addr + size or ptr in found:
+        if ptr >= addr + size:
             continue
-        found[ptr] = (starts[i], tensor)
+        same = found.get(ptr)
+        if same is not None:
+            same[1].append(tensor)
+            continue
+        found[ptr] = (starts[i], [tensor])
         owned[addr] = owned.get(addr, 0) + min(nbytes, addr + size - ptr)
     deadline = (started or time.perf_counter()) + seconds
     ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
-        | {id(v) for v in found.values()} | set(ignore_ids)
+        | {id(v) for v in found.values()} | {id(v[1]) for v in found.values()} | set(ignore_ids)
     released: dict[int, int] = {}   # block addr -> bytes of excused tensors
     # A batch names one holder per tensor: each further path costs the search
     # a walk of the whole heap per level, for every tensor at once.
     proven: set[int] | None = set() if proof else None
-    named = holders_of([t for _, t in found.values()], ignore, deadline, grads, limit=1 if deferred else 2,
-                       proven=proven)
-    if proven is not None and any(id(t) not in proven and id(t) not in excused for _, t in found.values()):
-        return None   # a tensor perhaps only garbage keeps: the process must be settled first
+    named = holders_of([t for _, same in found.values() for t in same], ignore, deadline, grads,
+                       limit=1 if deferred else 2, proven=proven, params=params)
+    if proven is not None and any(all(id(t) not in proven and id(t) not in excused for t in same)
+                                  for _, same in found.values()):
+        return None   # a storage perhaps only garbage keeps: the process must be settled first
     if time.perf_counter() > deadline:
         for leak in leaks:
             leak.note = f"holders searched for {seconds:.0f} s; paths longer than that search are not named"
     graphs = set()                  # groups with a tensor that retains a graph
-    for ptr, ((addr, size, site, g), tensor) in found.items():
+    for ptr, ((addr, size, site, g), same) in found.items():
+        tensor = next((t for t in same if named.get(id(t))), same[0])   # one the search named, where any
         entry = LeakedTensor(tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""), device,
                              min(tensor.untyped_storage().nbytes(), addr + size - ptr),
                              holders=named.get(id(tensor), []), requires_grad=bool(tensor.requires_grad))
-        if not entry.holders and id(tensor) in excused:
+        if not entry.holders and any(id(t) in excused for t in same):
             # pytest's own reference to a torn-down function fixture's value
             # or a failure's traceback, dropped soon: not the test's leak
             owned[addr] = owned.get(addr, 0) - entry.bytes
@@ -268,9 +304,12 @@ def _key_text(key) -> str:
     return f"<{type(key).__name__}>"
 
 
-def _edge(ref, child) -> str | None:
+def _edge(ref, child, dicts: list | None = None) -> str | None:
     """How ref refers to child, as a step of a path ('[0]', "['w']",
-    '.attr'); None if ref is something to look through."""
+    '.attr'); None if ref is something to look through.  dicts, where
+    given, receives the instance dicts read (reading one makes it, on
+    Pythons that keep attributes without a dict object: an object on the
+    heap that a snapshot of it lacks)."""
     if isinstance(ref, dict):
         for k, v in ref.items():
             if v is child:
@@ -292,6 +331,8 @@ def _edge(ref, child) -> str | None:
         attrs = object.__getattribute__(ref, "__dict__")
     except Exception:
         attrs = None
+    if dicts is not None and type(attrs) is dict:
+        dicts.append(attrs)
     if attrs is child:
         return ".__dict__"
     if isinstance(attrs, dict):
@@ -306,16 +347,21 @@ def _edge(ref, child) -> str | None:
 
 
 def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | None = None,
-               limit: int = 2, proven: set[int] | None = None) -> dict[int, list[str]]:
+               limit: int = 2, proven: set[int] | None = None,
+               params: dict[int, str] | None = None) -> dict[int, list[str]]:
     """id(target) -> paths of references from roots to it (at most limit
     each, nearest first).  Breadth-first over all targets at once, one
     gc.get_referrers scan per level, until HOLDER_DEPTH levels or the
-    deadline.  A root is a module's globals, a class, a function's closure,
-    a frame's locals.  grads maps id(gradient) -> its tensor (a .grad is
-    held in C++, out of the collector's sight).  proven, where given,
-    receives the ids of the targets with a path from a module's globals
-    (directly, or through a class or a function that its module names)."""
+    deadline (the heap is taken once, and each level's referrers are found
+    in C).  A root is a module's globals, a class, a function's closure,
+    a frame's locals, a parameter's value (params: id -> its name, from
+    :func:`parameter_roots`).  grads maps id(gradient) -> its tensor (a
+    .grad is held in C++, out of the collector's sight).  proven, where
+    given, receives the ids of the targets with a path from a module's
+    globals (directly, or through a class or a function that its module
+    names) or from a parameter's value."""
     modules = _module_dicts()
+    params = params or {}
     grads = grads or {}
     own_frames = set()
     f = sys._getframe()
@@ -327,7 +373,10 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
     parent: dict[tuple[int, int], tuple[object, str]] = {}
     frontier: dict[int, tuple[object, set]] = {id(t): (t, {id(t)}) for t in targets}
     seen = {(id(t), id(t)) for t in targets}
-    ignore = ignore | {id(found), id(parent), id(frontier), id(seen), id(modules)}
+    heap = heap_objects()
+    made: list = []   # instance dicts the search read: on the heap from then on
+    in_heap: set[int] = set()
+    ignore = ignore | {id(found), id(parent), id(frontier), id(seen), id(modules), id(heap), id(targets), id(made)}
 
     def path_from(node, target: int) -> str:
         steps = []
@@ -350,6 +399,17 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
             nxt.setdefault(rid, (ref, set()))[1].add(t)
 
     for _ in range(HOLDER_DEPTH):
+        if params:   # a parameter's value is a root, and costs no heap walk to see
+            for cid, (child, tset) in list(frontier.items()):
+                label = params.get(cid)
+                if label is None:
+                    continue
+                wanted = {t for t in tset if len(found[t]) < limit}
+                for t in wanted:
+                    add_root(t, label + path_from(child, t))
+                if proven is not None:
+                    proven.update(wanted)
+                del frontier[cid]
         if not frontier or time.perf_counter() > deadline:
             break
         if all(len(paths) >= limit for paths in found.values()):
@@ -359,8 +419,10 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
             owner = grads.get(cid)
             if owner is not None:
                 step(nxt, owner, child, ".grad", tset)
-        refs = gc.get_referrers(*(obj for obj, _ in frontier.values()))
+        asked = [obj for obj, _ in frontier.values()]
+        refs = referrers(heap, asked)
         ignore.add(id(refs))
+        ignore.add(id(asked))
         for ref in refs:
             rid = id(ref)
             if rid in ignore or rid in own_frames:
@@ -404,7 +466,7 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
                             else (_edge(ref, child) or "") + path_from(child, t)
                         add_root(t, f"class {ref.__module__}.{ref.__qualname__}, attribute {_named(below)}")
                     continue
-                edge = _edge(ref, child)
+                edge = _edge(ref, child, made)
                 if edge is None:
                     continue
                 if isinstance(ref, dict) and rid in modules:
@@ -414,8 +476,14 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
                         proven.update(wanted)
                     continue
                 step(nxt, ref, child, edge, wanted)
-        del refs
+        del refs, asked
+        for d in made:   # a referrer from now on, where the snapshot has its owner
+            if id(d) not in in_heap:
+                in_heap.add(id(d))
+                heap.append(d)
+        made.clear()
         frontier = nxt
+    del heap
     return found
 
 

@@ -43,6 +43,11 @@ class Suspect:
 class LeakSuspects:
     pending: list[Suspect] = field(default_factory=list)
     _watches: dict = field(default_factory=dict)   # device -> Watch
+    # (device, addr) -> the latest suspect with a block there: a later
+    # suspect's block at an earlier one's address was allocated after that
+    # one's block went (the watch, armed again by the later one, cannot say)
+    _owners: dict = field(default_factory=dict)
+    _gone: set = field(default_factory=set)       # (id(suspect), addr) of blocks gone so
 
     def __bool__(self) -> bool:
         return bool(self.pending)
@@ -53,18 +58,28 @@ class LeakSuspects:
         watch = self._watches.get(device)
         if watch is None:
             watch = self._watches[device] = Watch(device)
+        owners = self._owners
+        for addr, _, _, _ in suspect.blocks:
+            earlier = owners.get((device, addr))
+            if earlier is not None:
+                self._gone.add((id(earlier), addr))
+            owners[(device, addr)] = suspect
         watch.add([b[0] for b in suspect.blocks])
 
     def _drop_gone(self) -> None:
-        """Each suspect keeps the blocks whose address is still watched."""
+        """Each suspect keeps the blocks whose address is still watched and
+        that no later suspect's block took."""
+        gone = self._gone
         for suspect in self.pending:
             watch = self._watches[suspect.device]
             still = watch.still([b[0] for b in suspect.blocks])
-            suspect.blocks = [b for b, kept in zip(suspect.blocks, still) if kept]
+            suspect.blocks = [b for b, kept in zip(suspect.blocks, still)
+                              if kept and (id(suspect), b[0]) not in gone]
 
-    def confirm(self, core, seconds: float) -> list:
+    def confirm(self, core, seconds: float, params: dict[int, str] | None = None) -> list:
         """[(suspect, Leak)] for every suspect: the Leak's bytes are what
-        is still held (0: nothing was)."""
+        is still held (0: nothing was).  params: the session's parameter
+        values (leak_search.parameter_roots), roots of the holder search."""
         from .leak_search import find_held, find_many, released_by_pytest, settle
 
         started = time.perf_counter()
@@ -75,7 +90,7 @@ class LeakSuspects:
         out = [(s, Leak(s.device, 0, s.allowed)) for s in self.pending if not s.blocks]
         for watch in self._watches.values():
             watch.clear()
-        self.pending, self._watches = [], {}
+        self.pending, self._watches, self._owners, self._gone = [], {}, {}, set()
         if not suspects:
             return out
         by_device = {d: [s for s in suspects if s.device == d] for d in sorted({s.device for s in suspects})}
@@ -86,7 +101,7 @@ class LeakSuspects:
         unsettled = []
         for device, group in by_device.items():
             leaks = find_held(core, device, [(s.blocks, s.allowed) for s in group], started,
-                              excused, look_past, seconds=seconds / 2)
+                              excused, look_past, seconds=seconds / 2, params=params)
             if leaks is None:
                 unsettled.append(device)
             else:
@@ -97,6 +112,6 @@ class LeakSuspects:
             for device in unsettled:
                 group = by_device[device]
                 leaks = find_many(core, device, [(s.blocks, s.allowed) for s in group], started,
-                                  excused, look_past, seconds=seconds, deferred=True)
+                                  excused, look_past, seconds=seconds, deferred=True, params=params)
                 out += zip(group, leaks)
         return sorted(out, key=lambda pair: pair[0].seq)

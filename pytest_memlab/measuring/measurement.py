@@ -188,13 +188,14 @@ class Measurement:
         started = time.perf_counter()
         leaks.settle(self.core, now)
         excused, look_past = leaks.released_by_pytest(item, failure)
+        params = leaks.parameter_roots(getattr(getattr(item, "session", None), "items", None))
         found = {}
         for device in now:
             meter = self.meters[device]
             if meter.live() <= allowed[device]:
                 continue
             leak = leaks.find(self.core, device, meter.live_blocks(), allowed[device], top, started,
-                              excused, look_past)
+                              excused, look_past, params)
             judged[device] = leak.bytes
             if leak.bytes > allowed[device]:
                 found[device] = leak

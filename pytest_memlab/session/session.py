@@ -23,7 +23,7 @@ from ..judging.baseline_file import (Baseline, BaselineError, environment_differ
 from ..judging.findings import Cache
 from ..judging.messages import cache_report, leak_report
 from ..judging.verdicts import MemlabLeakWarning, sort_suspects
-from ..measuring.leak_search import HOLDER_SECONDS
+from ..measuring.leak_search import HOLDER_SECONDS, parameter_roots
 from ..measuring.leak_suspects import LeakSuspects
 from ..reports import html_report, json_report
 from ..reports.results import TestResult, decode
@@ -167,7 +167,7 @@ class MemlabSession:
         if self.config.option.collectonly:
             return   # no test ran: nothing to confirm, compare, or write over earlier reports
         try:
-            self._confirm_suspects(top)
+            self._confirm_suspects(top, session)
         except Exception as exc:   # memlab's trouble: said, never the session's end
             self.lines.append((f"pytest-memlab: the leak check at the end failed: {type(exc).__name__}: {exc}",
                                True))
@@ -196,14 +196,15 @@ class MemlabSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     # -- leaks confirmed at the end -----------------------------------------------
-    def _confirm_suspects(self, top: int) -> None:
+    def _confirm_suspects(self, top: int, session) -> None:
         """One settling, one tensor scan and one holder search for every
         suspect of this process; their verdicts join the results
         (self.late) and caches (self.caches)."""
         if not self.suspects:
             return
         n = len(self.suspects.pending)
-        confirmed = self.suspects.confirm(core(), HOLDER_SECONDS + min(12.0, 0.1 * n))
+        confirmed = self.suspects.confirm(core(), HOLDER_SECONDS + min(12.0, 0.1 * n),
+                                          parameter_roots(getattr(session, "items", None)))
         leaks, caches = sort_suspects(confirmed)
         leaking = {(s.nodeid, s.device) for s, _ in leaks}
         for suspect, leak in confirmed:   # every suspect's figure agrees with its verdict
