@@ -10,7 +10,8 @@ collection.  What stays is a leak: its blocks are grouped by the user call
 chain that allocated them, the Python tensors living in them are found
 among the objects the garbage collector tracks, and for each a path of
 references from a root (a module global, a class attribute, a closure, a
-frame, a value that pytest's parametrize gave the tests) is searched through the collector's referrers, within a time bound.
+frame, a value that pytest's parametrize gave the tests) is searched
+through the collector's referrers, within a time bound.
 Blocks that no Python tensor owns are held by autograd (a retained graph's
 saved tensors) or by C++.
 
