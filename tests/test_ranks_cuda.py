@@ -88,15 +88,20 @@ def test_per_rank():
 """
 
 
-def test_torchrun_ranks_sharing_one_gpu_exact_against_max_memory_allocated(inner):
-    inner.makepyfile(test_ranked=TORCHRUN)
+def under_torchrun(inner, source: str) -> tuple[dict, dict, str]:
+    """source's one test, two ranks under torchrun around pytest: what each
+    rank printed by hand, the test's JSON report entry, the output."""
+    inner.makepyfile(test_ranked=source)
     proc = torchrun(inner, "-s", "--memlab-json=r.json", "test_ranked.py", timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     hand = by_hand(out)
     assert set(hand) == {0, 1}, out
-    data = json.loads((inner.path / "r.json").read_text())
-    test = data["tests"][0]
+    return hand, json.loads((inner.path / "r.json").read_text())["tests"][0], out
+
+
+def test_torchrun_ranks_sharing_one_gpu_exact_against_max_memory_allocated(inner):
+    hand, test, out = under_torchrun(inner, TORCHRUN)
     peaks = {p["rank"]: p["devices"]["cuda:0"]["peak"] for p in test["processes"]}
     assert peaks == hand, (test["processes"], out)
     assert test["across_processes"]["cuda:0"]["worst"] == "rank 1"
@@ -140,12 +145,6 @@ TORCHRUN_NCCL = (TORCHRUN.replace('torch.cuda.set_device(0)\n    dist.init_proce
 @requires_two_gpus
 def test_torchrun_nccl_ranks_one_gpu_each_exact_against_max_memory_allocated(inner):
     assert '"nccl"' in TORCHRUN_NCCL and "set_device(RANK)" in TORCHRUN_NCCL
-    inner.makepyfile(test_ranked=TORCHRUN_NCCL)
-    proc = torchrun(inner, "-s", "--memlab-json=r.json", "test_ranked.py", timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    hand = by_hand(out)
-    assert set(hand) == {0, 1}, out
-    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    hand, test, out = under_torchrun(inner, TORCHRUN_NCCL)
     peaks = {p["rank"]: p["devices"][f"cuda:{p['rank']}"]["peak"] for p in test["processes"]}
     assert peaks == hand, (test["processes"], out)
