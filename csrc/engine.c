@@ -40,6 +40,7 @@ Device_free(Device *d)
     Ledger_fini(&d->ledger);
     Ledger_fini(&d->watch);
     Timeline_fini(&d->timeline);
+    Kept_fini(&d->kept);
     AllocLog_fini(&d->alloc_log);
     free(d);
 }
@@ -142,6 +143,15 @@ Engine_current_reserved(Engine *self, int slot)
     return d == NULL ? 0 : Device_reserved(d);
 }
 
+/* Whether block b counts for the scope whose kept blocks the device follows
+ * (allocated while it was open, not cut off by a detached scope). */
+static inline int
+Device_follows(const Device *d, const Block *b)
+{
+    return b->kept != 0 && d->kept.scope != 0 && b->scope >= d->kept.scope
+           && b->floor <= d->kept.scope;
+}
+
 /* A block we still hold came back from the allocator: its free happened on a
  * thread we do not hear from.  Retire it so the figures stay consistent. */
 static void
@@ -151,6 +161,9 @@ Device_retire(Device *d, Block *b)
         Device_add_total(d, -b->size);
     ScopeStack_on_resize(&d->stack, b->floor, b->scope, b->site, -b->size, 1,
                          Device_total(d), d->seq);
+    if (Device_follows(d, b))
+        Kept_on_free(&d->kept, b->kept);
+    b->kept = 0;
     d->missed_frees++;
 }
 
@@ -188,6 +201,9 @@ Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
             b->flags &= ~BLOCK_ESTIMATED;
             ScopeStack_on_resize(&d->stack, b->floor, b->scope, b->site,
                                  delta, 0, Device_total(d), d->seq);
+            if (Device_follows(d, b))
+                Kept_on_resize(&d->kept, b->kept, delta,
+                               d->stack.scopes[d->timeline_depth].live, d->seq);
             return;
         }
         Device_retire(d, b);
@@ -206,6 +222,11 @@ Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
                                                    memory_order_relaxed),
                               slot, size, Device_total(d), Device_reserved(d));
     ScopeStack_on_alloc(&d->stack, size, b->site, Device_total(d), d->seq);
+    b->kept = 0;
+    if (d->kept.scope != 0 && b->floor <= d->kept.scope && !d->kept.lost)
+        b->kept = Kept_on_alloc(&d->kept, addr, size, b->site,
+                                d->stack.scopes[d->timeline_depth].live,
+                                d->seq);
     if (d->alloc_log_scope != 0)
         AllocLog_add(&d->alloc_log, addr, size, b->site);
 }
@@ -221,6 +242,8 @@ Device_release(Device *d, uintptr_t addr, int source)
         Device_add_total(d, -old.size);
     ScopeStack_on_resize(&d->stack, old.floor, old.scope, old.site, -old.size,
                          1, Device_total(d), d->seq);
+    if (Device_follows(d, &old))
+        Kept_on_free(&d->kept, old.kept);
     if (d->alloc_log_scope != 0)
         AllocLog_add(&d->alloc_log, addr, -old.size, old.site);
 }
@@ -319,6 +342,8 @@ Engine_end(Engine *self, int slot, uint32_t id, Scope *out)
         goto error;
     if (id == d->timeline_scope)
         d->timeline_scope = 0;
+    if (id == d->kept.scope)
+        Kept_stop(&d->kept);
     if (id == d->alloc_log_scope)
         d->alloc_log_scope = 0;
     if (d->stack.depth == 0) {
@@ -351,6 +376,10 @@ Engine_timeline_start(Engine *self, int slot, uint32_t id)
         goto error;
     d->timeline_scope = id;
     d->timeline_depth = (int)(s - d->stack.scopes);
+    /* Its kept blocks are followed from its first allocation on; a scope
+     * that allocated already cannot say what it kept. */
+    Kept_start(&d->kept, id, d->seq);
+    d->kept.lost = s->allocs != 0;
     ret = 0;
 error:
     Spinlock_release(&d->lock);
@@ -580,4 +609,32 @@ Engine_replay(Engine *self, const Event *events, size_t n)
         Engine_event(self, ev->slot, (uintptr_t)ev->addr, ev->size,
                      ev->total, ev->reserved, ev->source);
     }
+}
+
+int
+Engine_kept(Engine *self, int slot, uint32_t id, KeptBlock **out, uint32_t *n,
+            int64_t *head_max, uint64_t *head_seq)
+{
+    Device *d = Engine_device(self, slot, 0);
+    *out = NULL;
+    *n = 0;
+    if (d == NULL)
+        return -1;
+    int ret = -1;
+    Spinlock_acquire(&d->lock);
+    if (d->kept.scope != id || d->kept.lost)
+        goto error;
+    uint32_t count = Kept_count(&d->kept);
+    if (count != 0) {
+        *out = malloc((size_t)count * sizeof(KeptBlock));
+        if (*out == NULL)
+            goto error;
+        *n = Kept_copy(&d->kept, *out, count);
+    }
+    *head_max = d->kept.head_max;
+    *head_seq = d->kept.head_seq;
+    ret = 0;
+error:
+    Spinlock_release(&d->lock);
+    return ret;
 }

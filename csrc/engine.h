@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kept.h"
 #include "ledger.h"
 #include "memlab_bridge.h"
 #include "scope.h"
@@ -79,6 +80,9 @@ typedef struct Device {
     Timeline timeline;
     uint32_t timeline_scope;    /* its scope's id while open, else 0 */
     int timeline_depth;         /* that scope's index in the stack */
+    /* The same scope's live blocks in allocation order: its peak without
+     * what it keeps (kept.h). */
+    Kept kept;
     /* Its allocations and frees, only while a snapshot is asked for. */
     AllocLog alloc_log;
     uint32_t alloc_log_scope;   /* its scope's id while open, else 0 */
@@ -153,6 +157,12 @@ void Engine_unwatch(Engine *self, int slot);
 uint64_t Engine_seq(Engine *self, int slot);
 /* Like Engine_seq, for a device whose timeline runs now; -1 when none does. */
 int Engine_timeline_seq(Engine *self, int slot, uint64_t *seq);
+/* The live blocks of open scope id in allocation order, each with the most
+ * own bytes of its span (kept.h), and the span before the first: *out is
+ * the caller's (free(); NULL when none).  -1 when the device does not
+ * follow id (its timeline is another scope's, or it ran out of memory). */
+int Engine_kept(Engine *self, int slot, uint32_t id, KeptBlock **out,
+                uint32_t *n, int64_t *head_max, uint64_t *head_seq);
 /* Returns and clears the device's sticky error; *dropped gets the count. */
 int Engine_take_error(Engine *self, int slot, uint64_t *dropped);
 

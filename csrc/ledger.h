@@ -20,6 +20,7 @@ typedef struct Block {
     uint32_t floor;     /* outermost scope it counts for (detached scopes) */
     uint32_t site;      /* allocation site id, 0 when unknown */
     uint32_t flags;
+    uint32_t kept;      /* its slot in the device's Kept tracker, 0: none */
 } Block;
 
 typedef struct Ledger {

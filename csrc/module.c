@@ -523,6 +523,46 @@ error:
     return NULL;
 }
 
+/* kept(slot, id) -> (head_max, head_seq, [(addr, size, span_max, span_seq,
+ * seq, site)]) of open scope id, or None where the device does not follow
+ * it (kept.h). */
+static PyObject *
+engine_kept(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int slot;
+    unsigned int id;
+    KeptBlock *buf = NULL;
+    uint32_t n = 0;
+    int64_t head_max = 0;
+    uint64_t head_seq = 0;
+    PyObject *blocks = NULL, *result = NULL;
+    if (!PyArg_ParseTuple(args, "iI:kept", &slot, &id))
+        return NULL;
+    if (check_slot(slot) < 0)
+        return NULL;
+    if (Engine_kept(M.engine, slot, id, &buf, &n, &head_max, &head_seq) < 0)
+        Py_RETURN_NONE;
+    blocks = PyList_New(n);
+    if (blocks == NULL)
+        goto error;
+    for (uint32_t i = 0; i < n; i++) {
+        const KeptBlock *b = &buf[i];
+        PyObject *t = Py_BuildValue("(KLLKKI)", (unsigned long long)b->addr,
+                                    (long long)b->size, (long long)b->span_max,
+                                    (unsigned long long)b->span_seq,
+                                    (unsigned long long)b->seq, b->site);
+        if (t == NULL)
+            goto error;
+        PyList_SET_ITEM(blocks, i, t);
+    }
+    result = Py_BuildValue("(LKO)", (long long)head_max,
+                           (unsigned long long)head_seq, blocks);
+error:
+    Py_XDECREF(blocks);
+    free(buf);
+    return result;
+}
+
 static PyObject *
 engine_seq(PyObject *Py_UNUSED(module), PyObject *arg)
 {
@@ -954,6 +994,11 @@ static PyMethodDef engine_methods[] = {
     {"of_types", engine_of_types, METH_VARARGS,
      "of_types(objects, kinds) -> the items of the list objects whose exact "
      "type is in the set kinds."},
+    {"kept", engine_kept, METH_VARARGS,
+     "kept(slot, id) -> (head_max, head_seq, [(addr, size, span_max, "
+     "span_seq, seq, site)]): the live blocks of a scope whose timeline runs, "
+     "in allocation order, with the most own bytes of each one's span; None "
+     "where the device does not follow the scope."},
     {"seq", engine_seq, METH_O,
      "seq(slot) -> the device's event number now (where a mark falls)."},
     {"bridge_bind", bridge_bind, METH_VARARGS,
