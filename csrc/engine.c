@@ -613,7 +613,7 @@ Engine_replay(Engine *self, const Event *events, size_t n)
 
 int
 Engine_kept(Engine *self, int slot, uint32_t id, KeptBlock **out, uint32_t *n,
-            int64_t *head_max, uint64_t *head_seq)
+            KeptBlock *head)
 {
     Device *d = Engine_device(self, slot, 0);
     *out = NULL;
@@ -631,8 +631,10 @@ Engine_kept(Engine *self, int slot, uint32_t id, KeptBlock **out, uint32_t *n,
             goto error;
         *n = Kept_copy(&d->kept, *out, count);
     }
-    *head_max = d->kept.head_max;
-    *head_seq = d->kept.head_seq;
+    memset(head, 0, sizeof(*head));
+    head->span_max = d->kept.head_max;
+    head->span_seq = d->kept.head_seq;
+    head->span_site = d->kept.head_site;
     ret = 0;
 error:
     Spinlock_release(&d->lock);

@@ -158,11 +158,12 @@ uint64_t Engine_seq(Engine *self, int slot);
 /* Like Engine_seq, for a device whose timeline runs now; -1 when none does. */
 int Engine_timeline_seq(Engine *self, int slot, uint64_t *seq);
 /* The live blocks of open scope id in allocation order, each with the most
- * own bytes of its span (kept.h), and the span before the first: *out is
+ * own bytes of its span (kept.h), and the span before the first (*head's
+ * span_max, span_seq, span_site): *out is
  * the caller's (free(); NULL when none).  -1 when the device does not
  * follow id (its timeline is another scope's, or it ran out of memory). */
 int Engine_kept(Engine *self, int slot, uint32_t id, KeptBlock **out,
-                uint32_t *n, int64_t *head_max, uint64_t *head_seq);
+                uint32_t *n, KeptBlock *head);
 /* Returns and clears the device's sticky error; *dropped gets the count. */
 int Engine_take_error(Engine *self, int slot, uint64_t *dropped);
 

@@ -19,6 +19,7 @@ Kept_start(Kept *self, uint32_t scope, uint64_t seq)
     self->lost = 0;
     self->head_max = 0;
     self->head_seq = seq;
+    self->head_site = 0;
 }
 
 void
@@ -57,12 +58,13 @@ Kept_grow(Kept *self)
 /* The span that own bytes reach now: the latest live block's, or the head's
  * when none is live. */
 static inline void
-Kept_reach(Kept *self, int64_t own, uint64_t seq)
+Kept_reach(Kept *self, int64_t own, uint64_t seq, uint32_t site)
 {
     if (self->last == 0) {
         if (own > self->head_max) {
             self->head_max = own;
             self->head_seq = seq;
+            self->head_site = site;
         }
         return;
     }
@@ -70,6 +72,7 @@ Kept_reach(Kept *self, int64_t own, uint64_t seq)
     if (own > b->span_max) {
         b->span_max = own;
         b->span_seq = seq;
+        b->span_site = site;
     }
 }
 
@@ -90,6 +93,7 @@ Kept_on_alloc(Kept *self, uintptr_t addr, int64_t size, uint32_t site,
     b->span_seq = seq;
     b->seq = seq;
     b->site = site;
+    b->span_site = site;
     b->prev = self->last;
     b->next = 0;
     if (self->last != 0)
@@ -106,9 +110,10 @@ Kept_on_resize(Kept *self, uint32_t slot, int64_t delta, int64_t own,
 {
     if (slot == 0 || slot > self->cap)
         return;
-    self->slots[slot - 1].size += delta;
+    KeptBlock *b = &self->slots[slot - 1];
+    b->size += delta;
     if (delta > 0)
-        Kept_reach(self, own, seq);
+        Kept_reach(self, own, seq, b->site);
 }
 
 void
@@ -124,12 +129,14 @@ Kept_on_free(Kept *self, uint32_t slot)
         if (b->span_max > p->span_max) {
             p->span_max = b->span_max;
             p->span_seq = b->span_seq;
+            p->span_site = b->span_site;
         }
         p->next = b->next;
     } else {
         if (b->span_max > self->head_max) {
             self->head_max = b->span_max;
             self->head_seq = b->span_seq;
+            self->head_site = b->span_site;
         }
         self->first = b->next;
     }

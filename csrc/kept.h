@@ -30,6 +30,7 @@ typedef struct KeptBlock {
     uint64_t span_seq;  /* event number of span_max */
     uint64_t seq;       /* event number of its allocation */
     uint32_t site;
+    uint32_t span_site; /* site of the allocation that reached span_max */
     uint32_t prev;      /* neighbours in allocation order, index + 1 (0: none); */
     uint32_t next;      /* a free slot's next is the free list's */
 } KeptBlock;
@@ -43,6 +44,7 @@ typedef struct Kept {
     int lost;               /* out of memory: the figures are incomplete */
     int64_t head_max;       /* most own bytes before the first live block */
     uint64_t head_seq;
+    uint32_t head_site;
 } Kept;
 
 /* Follows a scope from its start (own bytes 0 at event seq); forgets the

@@ -523,9 +523,9 @@ error:
     return NULL;
 }
 
-/* kept(slot, id) -> (head_max, head_seq, [(addr, size, span_max, span_seq,
- * seq, site)]) of open scope id, or None where the device does not follow
- * it (kept.h). */
+/* kept(slot, id) -> ((head_max, head_seq, head_site), [(addr, size,
+ * span_max, span_seq, seq, site, span_site)]) of open scope id, or None
+ * where the device does not follow it (kept.h). */
 static PyObject *
 engine_kept(PyObject *Py_UNUSED(module), PyObject *args)
 {
@@ -533,30 +533,31 @@ engine_kept(PyObject *Py_UNUSED(module), PyObject *args)
     unsigned int id;
     KeptBlock *buf = NULL;
     uint32_t n = 0;
-    int64_t head_max = 0;
-    uint64_t head_seq = 0;
+    KeptBlock head;
     PyObject *blocks = NULL, *result = NULL;
     if (!PyArg_ParseTuple(args, "iI:kept", &slot, &id))
         return NULL;
     if (check_slot(slot) < 0)
         return NULL;
-    if (Engine_kept(M.engine, slot, id, &buf, &n, &head_max, &head_seq) < 0)
+    if (Engine_kept(M.engine, slot, id, &buf, &n, &head) < 0)
         Py_RETURN_NONE;
     blocks = PyList_New(n);
     if (blocks == NULL)
         goto error;
     for (uint32_t i = 0; i < n; i++) {
         const KeptBlock *b = &buf[i];
-        PyObject *t = Py_BuildValue("(KLLKKI)", (unsigned long long)b->addr,
+        PyObject *t = Py_BuildValue("(KLLKKII)", (unsigned long long)b->addr,
                                     (long long)b->size, (long long)b->span_max,
                                     (unsigned long long)b->span_seq,
-                                    (unsigned long long)b->seq, b->site);
+                                    (unsigned long long)b->seq, b->site,
+                                    b->span_site);
         if (t == NULL)
             goto error;
         PyList_SET_ITEM(blocks, i, t);
     }
-    result = Py_BuildValue("(LKO)", (long long)head_max,
-                           (unsigned long long)head_seq, blocks);
+    result = Py_BuildValue("((LKI)O)", (long long)head.span_max,
+                           (unsigned long long)head.span_seq, head.span_site,
+                           blocks);
 error:
     Py_XDECREF(blocks);
     free(buf);
@@ -995,8 +996,8 @@ static PyMethodDef engine_methods[] = {
      "of_types(objects, kinds) -> the items of the list objects whose exact "
      "type is in the set kinds."},
     {"kept", engine_kept, METH_VARARGS,
-     "kept(slot, id) -> (head_max, head_seq, [(addr, size, span_max, "
-     "span_seq, seq, site)]): the live blocks of a scope whose timeline runs, "
+     "kept(slot, id) -> ((head_max, head_seq, head_site), [(addr, size, "
+     "span_max, span_seq, seq, site, span_site)]): the live blocks of a scope whose timeline runs, "
      "in allocation order, with the most own bytes of each one's span; None "
      "where the device does not follow the scope."},
     {"seq", engine_seq, METH_O,

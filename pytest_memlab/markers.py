@@ -16,18 +16,19 @@ from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 
 MARKERS = {
     "cuda_memory": (
-        "cuda_memory(max=None, *, max_total=None, max_reserved=None, leaks=0, tolerance=None, device=None): "
+        "cuda_memory(max=None, *, max_total=None, max_reserved=None, leaks=0, tolerance=None, device=None, "
+        "include_first_use=False): "
         "CUDA memory budget of this test (sizes as bytes or strings like '2GiB'); see pytest-memlab"
     ),
     "cpu_memory": (
-        "cpu_memory(max=None, *, max_total=None, leaks=0, tolerance=None): "
+        "cpu_memory(max=None, *, max_total=None, leaks=0, tolerance=None, include_first_use=False): "
         "CPU tensor memory budget of this test; see pytest-memlab"
     ),
 }
 
 _KEYWORDS = {
-    "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device"),
-    "cpu_memory": ("max", "max_total", "leaks", "tolerance"),
+    "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device", "include_first_use"),
+    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use"),
 }
 
 
@@ -46,6 +47,7 @@ class MemorySpec:
     leaks: int | None = 0           # bytes allowed after teardown; None: off
     tolerance: Tolerance | None = None
     device: str | None = None       # "cpu", "cuda" (current at start), "cuda:N"
+    include_first_use: bool = False  # max judges the own peak with what the test kept past its teardown
     marked: bool = True             # False: measured because of --memlab
 
 
@@ -99,6 +101,10 @@ def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
             spec["tolerance"] = parse_tolerance(values["tolerance"])
         except SizeError as exc:
             raise MarkerError(f"{name}(tolerance={values['tolerance']!r}): {exc}") from None
+    first_use = values.get("include_first_use", False)
+    if not isinstance(first_use, bool):
+        raise MarkerError(f"{name}(include_first_use={first_use!r}): expected True or False")
+    spec["include_first_use"] = first_use
     if name == "cuda_memory":
         spec["device"] = _parse_device(values.get("device")) or "cuda"
     else:

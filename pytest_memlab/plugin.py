@@ -111,7 +111,7 @@ class MemlabPlugin:
     def pytest_runtest_setup(self, item):
         specs = item.stash.get(SPECS, None)
         if specs:
-            run = TestRun(specs, nodeid=item.nodeid, location=(str(item.path), item.location[1] + 1))
+            run = TestRun(specs, nodeid=item.nodeid, location=(str(item.path), item.location[1] + 1), item=item)
             self._running = (item, run)
             required = run.begin(core, self.options, self.session)
             self.current = run.measurement

@@ -96,7 +96,7 @@ def test_write_then_compare_unchanged_passes(inner, dev):
     assert sorted(data["tests"]) == NODEIDS
     steady = data["tests"]["test_suite.py::test_steady"][dev]
     assert steady["peak"] == 4 * 2**20 and steady["leaked"] == 0
-    assert set(steady) == {"peak", "peak_total", "reserved_peak", "leaked"}
+    assert set(steady) == {"peak", "peak_total", "reserved_peak", "leaked", "first_use", "sites"}
     assert data["tests"]["test_suite.py::test_param[2]"][dev]["peak"] == 8 * 2**20
     if dev == "cuda":
         assert steady["reserved_peak"] >= steady["peak"]

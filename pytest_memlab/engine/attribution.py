@@ -83,10 +83,25 @@ class Attribution:
     scope, read (and their site ids turned into frames) only when someone
     asks; most tests never do."""
 
-    __slots__ = ("_scope",)
+    __slots__ = ("_scope", "moment")
 
-    def __init__(self, scope: dict):
+    def __init__(self, scope: dict, moment: bool = True):
         self._scope = scope
+        self.moment = moment   # False: the lines are at another moment than the figure's peak
+
+    def without(self, kept: list, peak_site: int, moment: bool) -> "Attribution":
+        """The same, less the kept blocks' bytes ([(site, bytes)]) and
+        reached by peak_site: where a scope's peak leaves out what it kept
+        (meters.leave_out_kept).  moment: whether that peak came at the
+        moment these lines were taken."""
+        at_peak = dict(self.site_bytes)
+        for site, size in kept:
+            if site in at_peak:
+                at_peak[site] -= size
+        scope = dict(self._scope)
+        scope["at_peak"] = [(s, b) for s, b in at_peak.items() if b > 0]
+        scope["peak_site"] = peak_site
+        return Attribution(scope, moment and self.moment)
 
     @property
     def peak_site(self) -> int:

@@ -60,6 +60,65 @@ class DeviceFigures:
     alloc_log: tuple | None = None   # ([(addr, size, time_us, site)], dropped): --memlab-snapshot
     attribution: Attribution | None = None   # where the own peak came from
     lines: list[LineStat] = field(default_factory=list)
+    # What the test kept (see Kept): the own peak above leaves it out
+    peak_with_kept: int | None = None   # the own peak counting it
+    kept: int | None = None             # bytes of its blocks still held after teardown
+    kept_blocks: list | None = None     # (addr, size, seq, site) of those blocks
+
+
+@dataclass(slots=True)
+class Kept:
+    """A scope's peak without the blocks it keeps past its end: memory a
+    test allocates once for the whole process (a library's workspace, a
+    cache filled on first use), which lands in whichever test needs it
+    first, and what it leaks; either way not what the test needs while it
+    runs, so that the peak does not depend on what ran before it."""
+
+    peak: int
+    seq: int                 # the event number where it was reached
+    site: int                # the site whose allocation reached it
+    bytes: int               # what is kept
+    blocks: list             # (addr, size, seq, site) kept, in allocation order
+
+
+def peak_without_kept(raw, transient=frozenset()) -> Kept | None:
+    """The peak without the live blocks of raw (engine.kept's answer),
+    except those at the addresses in transient (what pytest releases right
+    after teardown: they count as freed).  None where the engine did not
+    follow the scope."""
+    if raw is None:
+        return None
+    (best, seq, site), blocks = raw
+    cum = 0
+    kept = []
+    for addr, size, span_max, span_seq, alloc_seq, alloc_site, span_site in blocks:
+        if addr not in transient:
+            cum += size
+            kept.append((addr, size, alloc_seq, alloc_site))
+        if span_max - cum > best:
+            best, seq, site = span_max - cum, span_seq, span_site
+    return Kept(best, seq, site, cum, kept)
+
+
+def leave_out_kept(figures: DeviceFigures, kept: Kept) -> None:
+    """figures' own peak without what the scope kept (the figures of
+    record: budgets and baselines judge these).  Where the peak without it
+    came at another moment, the lines live then are those at the peak with
+    it, less the kept blocks: the attribution says so."""
+    figures.peak_with_kept = figures.peak
+    figures.kept = kept.bytes
+    figures.kept_blocks = kept.blocks
+    if not kept.blocks:
+        return
+    taken = figures.seq_at_peak or 0     # where the lines at the peak were taken
+    same_moment = kept.seq == taken
+    figures.peak = kept.peak
+    if not same_moment:
+        figures.seq_at_peak = kept.seq
+        figures.total_at_peak = None
+    if figures.attribution is not None:
+        figures.attribution = figures.attribution.without(
+            [(site, size) for _, size, seq, site in kept.blocks if seq <= taken], kept.site, same_moment)
 
 
 class EngineMeter:
@@ -118,6 +177,13 @@ class EngineMeter:
     def live(self) -> int:
         """Bytes of blocks allocated in this scope and still allocated."""
         return engine.live(self.slot, self.scope_id)
+
+    def kept(self, transient=frozenset()) -> Kept | None:
+        """This scope's peak without its blocks still allocated now, those
+        at the addresses in transient aside; None where the engine does not
+        follow it (a scope without a timeline, or one inside which another
+        test was measured)."""
+        return peak_without_kept(engine.kept(self.slot, self.scope_id), transient)
 
     def live_blocks(self) -> list:
         """(addr, size, scope, site) of this scope's blocks still allocated."""

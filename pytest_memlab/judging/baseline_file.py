@@ -135,6 +135,18 @@ class Baseline:
         return sum(len(devices) for env in self.environments.values() for devices in env.tests.values())
 
 
+def _check_sites(bad, nodeid: str, device: str, sites) -> None:
+    """A test's heaviest lines at its peak (judging.site_changes): a list
+    of {bytes, file, function, text}."""
+    where = f"test {nodeid!r}, device {device!r}: sites"
+    if not isinstance(sites, list):
+        raise bad(f"{where} is {sites!r}, expected a list of lines")
+    for site in sites:
+        if (not isinstance(site, dict) or not isinstance(site.get("bytes"), int) or isinstance(site["bytes"], bool)
+                or site["bytes"] < 0 or not all(isinstance(site.get(k), str) for k in ("file", "function", "text"))):
+            raise bad(f"{where}: {site!r} is not a line (expected bytes, file, function and text)")
+
+
 def _environment(bad, name: str, data: dict) -> Environment:
     info = data.get("environment", {})
     if not isinstance(info, dict):
@@ -149,6 +161,9 @@ def _environment(bad, name: str, data: dict) -> Environment:
             if not isinstance(figures, dict):
                 raise bad(f"test {nodeid!r}, device {device!r}: expected an object of figures, found {figures!r}")
             for key, value in figures.items():
+                if key == "sites":
+                    _check_sites(bad, nodeid, device, value)
+                    continue
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                     raise bad(f"test {nodeid!r}, device {device!r}: {key} is {value!r}, expected bytes "
                               "(a whole number >= 0) or null")

@@ -62,7 +62,8 @@ class LeakSite:
     bytes: int = 0
     blocks: int = 0
     tensors: list[LeakedTensor] = field(default_factory=list)
-    unowned: int = 0           # bytes no Python tensor owns
+    unowned: int = 0           # bytes no Python tensor owns, held by a leaked tensor's autograd graph
+    outside: int = 0           # bytes no Python tensor owns or retains: a library's (first use)
 
 
 @dataclass
@@ -74,6 +75,8 @@ class Leak:
     allowed: int
     sites: list[LeakSite] = field(default_factory=list)
     note: str = ""             # e.g. why holders are incomplete
+    outside: int = 0           # bytes left out as a library's (LeakSite.outside)
+    outside_sites: list[LeakSite] = field(default_factory=list)   # where those were allocated
 
     @property
     def key(self) -> str:

@@ -21,7 +21,11 @@ def describe_attribution(attribution, peak: int, top: int, context: str = "") ->
         lines.extend(f"                <- {caller}" for caller in peak_chain[1:])
     elif context:
         lines.append(f"  peak reached {context}")
-    lines.append("  live at the peak, by the line that allocated it (user call chain):")
+    if attribution.moment:
+        lines.append("  live at the peak, by the line that allocated it (user call chain):")
+    else:   # the peak without what it kept came at another moment than the one the lines were taken
+        lines.append("  live at its peak counting what it kept past teardown, less that, by the line "
+                     "that allocated it (user call chain):")
     for entry in at_peak[:top]:
         share = f"{100 * entry.bytes / peak:.0f}%" if peak else ""
         size = format_size(entry.bytes)
@@ -134,13 +138,18 @@ def _change_words(c) -> str:
     return f"peak {verb} from {format_size(c.old)} to {format_size(c.new)} ({pct})"
 
 
-def baseline_failure(change, figures, top: int = 5, context: str = "") -> str:
+def baseline_failure(change, figures, top: int = 5, context: str = "", changes=()) -> str:
     """A regression (or, with --memlab-fail-on-improvement, an improvement)
     against the baseline: old and new figure, the change, the tolerance
-    and the file; for a regression, where the peak came from."""
+    and the file; for a regression, what grew where first (changes: the
+    lines whose bytes at the peak changed, judging.site_changes), then
+    where the peak came from."""
+    from .site_changes import describe_changes
+
     c = change
     if c.kind == "regressed":
         lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
+        lines += describe_changes(list(changes), top)
         if figures.attribution is not None and figures.peak:
             lines += describe_attribution(figures.attribution, figures.peak, top, context)
         lines.append(f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "

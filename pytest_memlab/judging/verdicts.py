@@ -12,12 +12,15 @@ keeps its own failure first when it had one.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 
 import re
 
 from ..children.gathering import RANK_KEY, device_of
 from .findings import Cache, Change, Exceeded, Growth
+from ..sizes import format_size
+from .site_changes import site_changes, sites_at_peak
 from .messages import baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report
 
 # A holder path's root: what holds the first step (see leak_search.holders_of).
@@ -43,13 +46,18 @@ class MemlabLeakWarning(UserWarning):
 
 
 def exceeded(device: str, figures, spec) -> list[Exceeded]:
-    """The budgets of spec that figures exceed (a budget holds at <=)."""
+    """The budgets of spec that figures exceed (a budget holds at <=).
+    max judges the own peak without what the test kept past its teardown
+    (first use, leaks: see meters.Kept), or with it where the marker says
+    include_first_use."""
     out = []
     if not figures.measured:
         return out
     for what, field, name in BUDGETS:
         budget = getattr(spec, name, None)
         value = getattr(figures, field)
+        if field == "peak" and getattr(spec, "include_first_use", False) and figures.peak_with_kept is not None:
+            value, what = figures.peak_with_kept, "peak with first use"
         if budget is not None and value is not None and value > budget:
             out.append(Exceeded(device, what, value, name, budget))
     return out
@@ -59,7 +67,7 @@ def has_budget(spec) -> bool:
     return any(getattr(spec, name, None) is not None for _, _, name in BUDGETS)
 
 
-def sort_suspects(confirmed: list) -> tuple[list, list[Cache]]:
+def sort_suspects(confirmed: list, held: dict | None = None) -> tuple[list, list[Cache]]:
     """Leaks and caches among confirmed suspects ([(Suspect, Leak)]), by
     evidence across the session: a tensor held by a sequence's element (a
     list that tests append to grows with every test that does), by a
@@ -67,8 +75,9 @@ def sort_suspects(confirmed: list) -> tuple[list, list[Cache]]:
     named; one held under a key (a dict filled on first use: the same keys
     serve later tests), an attribute or a closure's variable is kept once:
     a cache, reported once with the tests that filled it.  Returns
-    ([(suspect, Leak)] of the leaks, [Cache])."""
-    leaks, caches = [], {}
+    ([(suspect, Leak)] of the leaks, [Cache]); held, where given, gets
+    (node id, device) -> ["BYTES held by HOLDER"] of each cache's tests."""
+    leaks, caches, held_by = [], {}, held
     for suspect, leak in confirmed:
         if leak.bytes <= leak.allowed:
             continue
@@ -83,6 +92,8 @@ def sort_suspects(confirmed: list) -> tuple[list, list[Cache]]:
         first = next(iter(held))
         held[first] += leak.bytes - sum(held.values())   # what the tensors' graphs hold
         for root, n in held.items():
+            if held_by is not None:
+                held_by.setdefault((suspect.nodeid, leak.device), []).append(f"{format_size(n)} held by {root}")
             cache = caches.setdefault((leak.device, root), Cache(leak.device, root))
             cache.bytes += n
             cache.tests.append(suspect.nodeid)
@@ -95,11 +106,25 @@ def _cache_root(path: str) -> str | None:
     if match is None:
         return None
     rest = path[match.end():]
-    if re.match(r"\[-?\d+\]", rest) and not path.startswith("test "):
+    if re.match(r"\[-?\d+\]", rest) and not path.startswith("test ") and not _keyed(match.group(1)):
         # a sequence's element: grows with each test that appends (a
         # parameter's list was built once, in the parametrize list)
         return None
     return match.group(1)
+
+
+def _keyed(root: str) -> bool:
+    """Whether a module global or a class attribute named by root is a
+    dict now (an int key reads like a list's index: "_TABLES[6]")."""
+    found = re.match(r"^module (\S+), global (\w+)$", root) or re.match(r"^class (\S+)\.(\w+), attribute (\w+)$", root)
+    if found is None:
+        return False
+    if root.startswith("module "):
+        holder = getattr(sys.modules.get(found.group(1)), found.group(2), None)
+    else:
+        owner = getattr(sys.modules.get(found.group(1)), found.group(2), None)
+        holder = getattr(owner, found.group(3), None)
+    return isinstance(holder, dict)
 
 
 def compare(device: str, old: int, new: int, tolerance, path, process: str = "") -> Change:
@@ -197,7 +222,11 @@ class Verdicts:
             figures = run.figures[device] if final else measurement.figures(device)
             new = [e for e in exceeded(device, figures, spec) if e.key not in run.failed]
             if new and not final:
-                figures = measurement.figures(device, sites=True)  # where the peak came from
+                # where the peak came from, and the peak without what the
+                # test holds now that it may keep (what fails now fails at
+                # the end too: it can only keep less)
+                figures = run.figures_now(device)
+                new = [e for e in exceeded(device, figures, spec) if e.key not in run.failed]
             for e in new:
                 run.failed[e.key] = e
                 context = measurement.context(device, figures.seq_at_peak) if e.what == "peak" else ""
@@ -261,16 +290,19 @@ class Verdicts:
             figures = run.figures[device] if final else measurement.figures(device)
             if not figures.measured or figures.peak is None:
                 continue
+            tolerance = spec.tolerance or options.tolerance
+            if not final and compare(device, entry["peak"], figures.peak, tolerance, "").kind == "regressed":
+                figures = run.figures_now(device)   # without what it may keep, as for budgets
             change = run.changes[device] = compare(
-                device, entry["peak"], figures.peak, spec.tolerance or options.tolerance, options.baseline)
+                device, entry["peak"], figures.peak, tolerance, options.baseline)
             if options.update_baseline or change.key in run.failed:
                 continue
             if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):
-                if not final:
-                    figures = measurement.figures(device, sites=True)  # where the peak came from
                 run.failed[change.key] = change
+                changes = site_changes(entry.get("sites"), sites_at_peak(figures.attribution))
+                run.site_changes[device] = changes
                 failures.append(baseline_failure(change, figures, options.top,
-                                                 measurement.context(device, figures.seq_at_peak)))
+                                                 measurement.context(device, figures.seq_at_peak), changes))
         failures += self._compare_ranks(run, final)
         return failures
 

@@ -32,6 +32,7 @@ from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
 from ..engine.heap import heap_objects, referrers, tensor_objects
 from ..judging.findings import Leak, LeakedTensor, LeakSite
+from ..sizes import format_size
 
 # Per leaking test, for every holder search together.  Each level of the
 # search walks the collector's whole heap once, so a large process (a
@@ -42,19 +43,47 @@ HOLDER_DEPTH = 12         # references between a tensor and its root
 
 
 def settle(core, devices) -> None:
-    """Frees what is only waiting to be freed: reference cycles, cuBLAS's
-    cached workspaces (torch's own CudaMemoryLeakCheck clears them too), and
-    work still queued on the measured CUDA devices."""
+    """Frees what is only waiting to be freed: reference cycles, and work
+    still queued on the measured CUDA devices.  cuBLAS's cached workspaces
+    stay (torch's own CudaMemoryLeakCheck clears them; memlab must not
+    change the process: the next test would allocate them again, and its
+    figures would depend on this one): no Python tensor owns them, so they
+    are told apart as first use."""
     gc.collect()
     torch = core.torch
     if torch is None or not any(d != CPU for d in devices) or not torch.cuda.is_initialized():
         return
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
     for device in devices:
         if device != CPU:
             torch.cuda.synchronize(cuda_index(device))
+
+
+def first_use_held(leak, torch=None) -> list[str]:
+    """What a test kept that is no leak, named: blocks that no Python
+    tensor owns or retains (a CUDA library's workspace or plan cache; on
+    the CPU perhaps freed on a thread memlab does not hear), by the line
+    that allocated them.  A block of exactly cuBLAS's (or cuBLASLt's)
+    workspace size is named cuBLAS's."""
+    if leak is None or not leak.outside_sites:
+        return []
+    sizes = {}
+    if torch is not None and leak.device != CPU:
+        for name, getter in (("cuBLAS", "_cuda_getCublasWorkspaceSize"), ("cuBLASLt", "_cuda_getCublasLtWorkspaceSize")):
+            try:
+                size = getattr(torch._C, getter)()
+            except Exception:   # an older torch: no such getter
+                continue
+            if size:
+                sizes.setdefault(size, name)
+    out = []
+    for site in leak.outside_sites:
+        lib = sizes.get(site.outside) if site.blocks == 1 else None
+        held = f"held by {lib} (its workspace)" if lib else (
+            "held outside Python (a library's workspace or cache: no tensor owns it)" if leak.device != CPU else
+            "held outside Python (no tensor owns it: a library's buffer, or freed on a thread memlab does not hear)")
+        where = f", allocated at {site.chain[0]}" if site.chain else ""
+        out.append(f"{format_size(site.outside)} {held}{where}")
+    return out
 
 
 def _live_tensors(torch, device: str, grads: dict) -> list:
@@ -218,8 +247,15 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     for addr, size, site, g in starts:
         gone = released.get(addr, 0)
         unowned = max(0, size - gone - owned.get(addr, 0))
-        if deferred and g not in graphs:
-            gone += unowned   # perhaps freed while memlab did not listen: not evidence
+        if g not in graphs:
+            # No tensor of the test retains a graph whose saved tensors
+            # these could be: memory a library keeps for the process (a
+            # cuBLAS workspace, a plan cache: first use, not a leak), or,
+            # at the session's end, perhaps freed while memlab did not
+            # listen.  Not evidence of a leak either way.
+            leaks[g].outside += unowned
+            by_site[g][site].outside += unowned
+            gone += unowned
             unowned = 0
         by_site[g][site].bytes -= gone
         leaks[g].bytes -= gone
@@ -227,6 +263,7 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     del tensors, found, grads
     for leak, sites in zip(leaks, by_site):
         leak.sites = sorted((s for s in sites.values() if s.bytes > 0), key=lambda s: -s.bytes)
+        leak.outside_sites = sorted((s for s in sites.values() if s.outside > 0), key=lambda s: -s.outside)
     return leaks
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..children.gathering import ChildWatch, StartupHookMissing
 from ..devices import default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
-from ..engine.meters import make_meter
+from ..engine.meters import EngineMeter, leave_out_kept, make_meter
 from ..judging.messages import leak_report
 from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
@@ -59,6 +59,9 @@ class TestRun:
     children: list = field(default_factory=list)  # ChildFigures of the processes it started
     ranks: list = field(default_factory=list)     # under torchrun, on rank 0: every rank's ChildFigures
     others: list = field(default_factory=list)    # GPUs measured that the test did not ask for
+    item: object = None                   # the test's item, while it runs (what pytest holds of it)
+    site_changes: dict = field(default_factory=dict)   # device -> [SiteChange] against the baseline
+    first_use: dict = field(default_factory=dict)      # device -> [(bytes, holder)] named
 
     # -- opening -------------------------------------------------------------------
     def begin(self, core, options, session) -> str | None:
@@ -162,6 +165,47 @@ class TestRun:
         other children, as the reports and the failures list them."""
         return [c.as_dict() for c in self.ranks] + [c.as_dict() for c in self.children if c not in self.ranks]
 
+    # -- what it keeps ---------------------------------------------------------------
+    def _held_by_pytest(self, item=None) -> frozenset:
+        """Storage addresses of the tensors that pytest alone still holds
+        and drops right after teardown (function fixtures' values, a
+        failure's frames): not kept by the test."""
+        torch = self.measurement.core.torch
+        item = item if item is not None else self.item
+        if torch is None or item is None:
+            return frozenset()
+        from .leak_search import storages_held_by_pytest
+
+        return frozenset(storages_held_by_pytest(item, self.failure, torch))
+
+    def figures_now(self, device: str):
+        """A device's figures so far, with where the peak came from, its own
+        peak without what the test holds now apart from what pytest
+        releases after it (a lower bound of the final figure's: the test
+        can only keep less by its end)."""
+        measurement = self.measurement
+        figures = measurement.figures(device, sites=True)
+        meter = measurement.meters.get(device)
+        if figures.live and meter.__class__ is EngineMeter:
+            kept = meter.kept(self._held_by_pytest())
+            if kept is not None:
+                leave_out_kept(figures, kept)
+        return figures
+
+    def _kept(self, item) -> dict:
+        """device -> meters.Kept, for the devices whose blocks outlive the
+        teardown (after the leak check's collections)."""
+        out, held = {}, None
+        for device, meter in self.measurement.meters.items():
+            if meter.__class__ is not EngineMeter or not meter.timeline or not meter.live():
+                continue
+            if held is None:
+                held = self._held_by_pytest(item)
+            kept = meter.kept(held)
+            if kept is not None:
+                out[device] = kept
+        return out
+
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
         """After teardown: the leak check for the allowed devices (device ->
@@ -182,11 +226,22 @@ class TestRun:
                                                                                  self.failure)
         except Exception as exc:
             self.error = f"the leak check failed: {type(exc).__name__}: {exc}"
+        kept = {}
+        try:
+            kept = self._kept(item)
+        except Exception as exc:
+            self.error = f"what the test kept was not told apart: {type(exc).__name__}: {exc}"
         try:
             self.figures = measurement.end()
         except Exception as exc:
             self.figures = measurement.final or {}
             self.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
+        for device, figures in self.figures.items():
+            if device in kept:
+                leave_out_kept(figures, kept[device])
+            elif figures.measured and figures.peak is not None and figures.live == 0:
+                figures.peak_with_kept, figures.kept = figures.peak, 0
+        self.item = None
         if self.others:
             self._drop_unused_gpus()
 
@@ -239,6 +294,10 @@ class TestRun:
             d.gpu = machine_gpu(device)
             if device in self.leaked and figures.measured:
                 d.leaked = self.leaked[device]   # the figure agrees with the verdict
+            d.first_use_held = self.measurement.first_use.get(device, [])
+            changes = self.site_changes.get(device)
+            if changes:
+                d.site_changes = [c.as_dict() for c in changes]
             change = self.changes.get(device)
             if change is not None:
                 d.baseline_peak, d.baseline = change.old, change.kind

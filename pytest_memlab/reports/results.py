@@ -29,7 +29,9 @@ from json.encoder import encode_basestring
 _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": %d}'
 
 PREFIX = "memlab."
-_INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak")
+_INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
+             "peak_with_kept", "kept")
+_JSON_KEYS = ("sites", "site_changes", "first_use_held")
 _STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
@@ -44,6 +46,11 @@ class DeviceResult:
     peak_total: int | None = None
     reserved_peak: int | None = None
     leaked: int | None = None        # the test's live bytes after its teardown
+    peak_with_kept: int | None = None  # the own peak counting what it kept past teardown (peak leaves it out)
+    kept: int | None = None          # bytes it kept past its teardown: first use and leaks
+    first_use_held: list = field(default_factory=list)   # what it kept that is no leak, named
+    sites: list = field(default_factory=list)   # heaviest lines at the peak (judging.site_changes)
+    site_changes: list = field(default_factory=list)   # against the baseline, where it regressed
     max: int | None = None
     max_total: int | None = None
     max_reserved: int | None = None
@@ -55,10 +62,20 @@ class DeviceResult:
     # What the JSON and HTML reports show besides (filled only when one is asked for):
     detail: dict | None = None       # timeline, marks, peak_at, peak_line, leak (see TestRun._detail)
 
+    @property
+    def first_use(self) -> int | None:
+        """What it kept past its teardown that is no leak: memory a library
+        or a cache keeps for the process, allocated by whichever test needs
+        it first (shown, never compared)."""
+        if self.kept is None:
+            return None
+        return max(0, self.kept - (self.leaked or 0))
+
     def baseline_entry(self) -> dict:
         """The figures a baseline file keeps for this device."""
         return {"peak": self.peak, "peak_total": self.peak_total,
-                "reserved_peak": self.reserved_peak, "leaked": self.leaked}
+                "reserved_peak": self.reserved_peak, "leaked": self.leaked,
+                "first_use": self.first_use or 0, "sites": self.sites}
 
     @classmethod
     def from_figures(cls, figures, spec=None, top: int = 5) -> "DeviceResult":
@@ -68,6 +85,12 @@ class DeviceResult:
             result.peak_total = figures.peak_total
             result.reserved_peak = figures.reserved_peak
             result.leaked = figures.live
+            result.peak_with_kept = figures.peak_with_kept
+            result.kept = figures.kept
+            if figures.attribution is not None and figures.peak:
+                from ..judging.site_changes import sites_at_peak
+
+                result.sites = sites_at_peak(figures.attribution)
             lines = [ln for ln in figures.lines if ln.allocated > 0]
             if lines:
                 lines.sort(key=_allocated, reverse=True)
@@ -116,7 +139,8 @@ def _keys(device: str) -> tuple:
     if keys is None:
         p = f"{PREFIX}{device}."
         keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu",
-                                tuple((key, p + key) for key in _INT_KEYS), p + "top", p + "detail")
+                                tuple((key, p + key) for key in _INT_KEYS), p + "top", p + "detail",
+                                tuple((key, p + key) for key in _JSON_KEYS))
     return keys
 
 
@@ -124,7 +148,7 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
     props: list[tuple[str, object]] = []
     add = props.append
     for device, d in result.devices.items():
-        measured, reason, name, baseline, gpu, ints, top, detail = _keys(device)
+        measured, reason, name, baseline, gpu, ints, top, detail, lists = _keys(device)
         if not d.measured:
             add((measured, "false"))
             add((reason, d.reason))
@@ -140,6 +164,10 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
                 add((prop, value))
         if d.top:
             add((top, _top_json(d.top)))
+        for key, prop in lists:
+            value = getattr(d, key)
+            if value:
+                add((prop, json.dumps(value, separators=(",", ":"))))
         if d.detail is not None:
             add((detail, json.dumps(d.detail, separators=(",", ":"))))
     if result.failed_by_memlab:
@@ -191,6 +219,8 @@ def decode(nodeid: str, props) -> TestResult | None:
             dev.top = json.loads(value)
         elif key == "detail":
             dev.detail = json.loads(value)
+        elif key in _JSON_KEYS:
+            setattr(dev, key, json.loads(value))
         elif key == "measured":
             dev.measured = str(value) != "false"
         elif key in _STR_KEYS:

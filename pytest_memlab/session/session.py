@@ -23,7 +23,7 @@ from ..judging.baseline_file import (Baseline, BaselineError, environment_differ
 from ..judging.findings import Cache
 from ..judging.messages import cache_report, leak_report
 from ..judging.verdicts import MemlabLeakWarning, sort_suspects
-from ..measuring.leak_search import HOLDER_SECONDS, parameter_roots
+from ..measuring.leak_search import HOLDER_SECONDS, first_use_held, parameter_roots
 from ..measuring.leak_suspects import LeakSuspects
 from ..reports import html_report, json_report
 from ..reports.results import TestResult, decode
@@ -205,11 +205,15 @@ class MemlabSession:
         n = len(self.suspects.pending)
         confirmed = self.suspects.confirm(core(), HOLDER_SECONDS + min(12.0, 0.1 * n),
                                           parameter_roots(getattr(session, "items", None)))
-        leaks, caches = sort_suspects(confirmed)
+        held: dict = {}
+        leaks, caches = sort_suspects(confirmed, held)
         leaking = {(s.nodeid, s.device) for s, _ in leaks}
+        torch = core().torch
         for suspect, leak in confirmed:   # every suspect's figure agrees with its verdict
             entry = self.late.setdefault(suspect.nodeid, {})
-            entry[suspect.device] = {"leaked": leak.bytes if (suspect.nodeid, suspect.device) in leaking else 0}
+            key = (suspect.nodeid, suspect.device)
+            entry[suspect.device] = {"leaked": leak.bytes if key in leaking else 0,
+                                     "first_use_held": held.get(key, []) + first_use_held(leak, torch)}
         for suspect, leak in leaks:
             self.late[suspect.nodeid][suspect.device].update(
                 key=leak.key, text=leak_report(leak, top), location=list(suspect.location))
@@ -226,6 +230,7 @@ class MemlabSession:
                 d = result.devices.get(device) if result is not None else None
                 if d is not None:
                     d.leaked = found["leaked"]
+                    d.first_use_held = d.first_use_held or found.get("first_use_held", [])
                 if not found.get("key"):
                     continue
                 if result is not None and found["key"] not in result.warned:
