@@ -182,3 +182,74 @@ def test_bad():
         "*_ test_over_without_any_first_use _*",
         "cpu peak 6.0 MiB exceeds max 5.0 MiB by 1.0 MiB",
     ])
+
+
+CUDA_SUITE = """
+import pytest, torch
+
+def test_first_matmul():
+    a = torch.ones(256, 256, device="cuda")
+    b = a @ a
+    torch.cuda.synchronize()
+    del a, b
+
+def test_second_matmul():
+    a = torch.ones(512, 512, device="cuda")
+    b = a @ a
+    torch.cuda.synchronize()
+    del a, b
+
+def test_conv():
+    x = torch.ones(8, 16, 64, 64, device="cuda")
+    w = torch.ones(32, 16, 3, 3, device="cuda")
+    y = torch.nn.functional.conv2d(x, w, padding=1)
+    torch.cuda.synchronize()
+    del x, w, y
+
+def test_conv_backward():
+    x = torch.ones(8, 16, 32, 32, device="cuda", requires_grad=True)
+    conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()
+    conv(x).sum().backward()
+    torch.cuda.synchronize()
+"""
+
+
+def _cuda_available():
+    from conftest import has_cuda
+
+    return has_cuda()
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="needs CUDA")
+def test_cuda_library_first_use_is_left_out_and_named(pytester, monkeypatch):
+    """cuBLAS's workspace, allocated by the first matmul of the process and
+    kept for it, and cuDNN's first convolutions: a baseline written in one
+    order compares clean in reverse; the workspace is the first test's
+    first use, named cuBLAS's, of the size torch chose for it."""
+    import torch
+
+    pytester.makepyfile(test_cuda_suite=CUDA_SUITE)
+    pytester.makeconftest(REVERSE)
+    write = pytester.runpytest_subprocess("--memlab", "-p", "no:randomly", "--memlab-baseline=bl.json",
+                                          "--memlab-update-baseline", "--memlab-json=w.json")
+    write.assert_outcomes(passed=4)
+    w = {t["nodeid"].split("::")[-1]: t["devices"]["cuda:0"]
+         for t in json.loads(pytester.path.joinpath("w.json").read_text())["tests"]}
+    print(json.dumps(w, indent=1))
+    first = w["test_first_matmul"]
+    size = getattr(torch._C, "_cuda_getCublasWorkspaceSize", lambda: 0)()
+    assert first["first_use"] >= size > 0 or first["first_use"] > 0
+    assert any("held by cuBLAS (its workspace)" in h for h in first["first_use_held"]) or not size, first
+    assert first["peak"] == first["peak_with_kept"] - first["kept"] or first["peak"] < first["peak_with_kept"]
+    assert first["peak"] == 2 * 256 * 256 * 4     # a and b: the workspace is not the test's
+    assert w["test_second_matmul"]["first_use"] == 0
+    assert w["test_second_matmul"]["peak"] == 2 * 512 * 512 * 4
+    monkeypatch.setenv("MEMLAB_TEST_REVERSE", "1")
+    compare = pytester.runpytest_subprocess("--memlab", "-p", "no:randomly", "--memlab-baseline=bl.json",
+                                            "--memlab-json=r.json")
+    compare.assert_outcomes(passed=4)
+    r = {t["nodeid"].split("::")[-1]: t["devices"]["cuda:0"]
+         for t in json.loads(pytester.path.joinpath("r.json").read_text())["tests"]}
+    print(json.dumps(r, indent=1))
+    assert {n: d["baseline"] for n, d in r.items()} == {n: "same" for n in r}
+    assert r["test_first_matmul"]["peak"] == first["peak"]

@@ -1,0 +1,186 @@
+"""A baseline gate on a real third-party suite, as a new user would try it,
+with no code changed between writing and comparing:
+
+1. written serially in collection order, compared serially in reverse
+   order (a plugin that reverses the items);
+2. written under ``-n N``, compared twice under ``-n N`` (xdist schedules
+   differently each run);
+3. optionally, a growth injected into the suite's code (``--inject FILE
+   AFTER NEW``: the line NEW inserted after the first line that is AFTER,
+   with its indentation), compared serially with the serial baseline: each
+   test that regressed should name the injected line first.
+
+    python bench/bench_baseline_order.py SUITE_DIR --out FILE [--xdist N]
+        [--inject FILE AFTER NEW] [--budget SECONDS] -- PYTEST_ARGS...
+
+Counts the false regressions and improvements of each comparison from the
+JSON reports (a test whose baseline is "regressed" or "improved" with no
+code changed), and lists the tests with first-use memory (what it is, who
+holds it).  Exit status 1 when a comparison without a change found any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(suite: str, args: list[str], log: Path, budget: float) -> tuple[int, float]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    started = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                                cwd=suite, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=budget).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    return rc, time.perf_counter() - started
+
+
+def changes(report: Path) -> dict:
+    data = json.loads(report.read_text())
+    out = {"regressed": [], "improved": [], "same": 0, "new": 0, "first_use": [], "tests": 0, "grew_first": []}
+    for t in data["tests"]:
+        out["tests"] += 1
+        for dev, d in t["devices"].items():
+            kind = d.get("baseline")
+            if kind in ("regressed", "improved"):
+                out[kind].append((t["nodeid"], dev, d.get("baseline_peak"), d.get("peak"), d.get("site_changes") or []))
+            elif kind in ("same", "new"):
+                out[kind] += 1
+            if d.get("first_use"):
+                out["first_use"].append((t["nodeid"], dev, d["first_use"], d.get("first_use_held") or []))
+    return out
+
+
+def inject(path: Path, after: str, new: str) -> str:
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.strip() == after.strip():
+            indent = line[: len(line) - len(line.lstrip())]
+            lines.insert(i + 1, f"{indent}{new.strip()}\n")
+            path.write_text("".join(lines))
+            return text
+    raise SystemExit(f"bench_baseline_order: {after!r} is not a line of {path}")
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    pytest_args = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, pytest_args = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser()
+    p.add_argument("suite")
+    p.add_argument("--out", required=True)
+    p.add_argument("--xdist", type=int, default=0)
+    p.add_argument("--serial", type=int, default=1, help="0: no serial write and reversed compare")
+    p.add_argument("--inject", nargs=3, metavar=("FILE", "AFTER", "NEW"))
+    p.add_argument("--budget", type=float, default=540.0, help="seconds for all the runs together")
+    p.add_argument("--name", default="")
+    a = p.parse_args(argv)
+    suite = os.path.abspath(a.suite)
+    work = Path(tempfile.mkdtemp(prefix="memlab-order-"))
+    deadline = time.perf_counter() + a.budget
+    rows, notes, bad = [], [], 0
+
+    def step(label: str, extra: list[str], report: Path | None) -> dict | None:
+        nonlocal bad
+        left = deadline - time.perf_counter()
+        if left < 20:
+            notes.append(f"{label}: not run (the budget ran out)")
+            return None
+        log = work / (label.replace(" ", "_") + ".log")
+        rc, took = run(suite, [*pytest_args, *extra], log, left)
+        tail = log.read_text().strip().splitlines()[-1:] or [""]
+        print(f"{label}: exit {rc}, {took:.1f} s: {tail[0]}", flush=True)
+        if report is None or not report.exists():
+            rows.append((label, rc, took, tail[0], None))
+            return None
+        c = changes(report)
+        rows.append((label, rc, took, tail[0], c))
+        return c
+
+    serial_bl, xdist_bl = work / "serial.json", work / "xdist.json"
+    compared = []
+    if a.serial:
+        step("serial write, collection order", ["-p", "no:randomly", f"--memlab-baseline={serial_bl}",
+                                                "--memlab-update-baseline", f"--memlab-json={work / 'w.json'}"],
+             work / "w.json")
+        c = step("serial compare, reversed", ["-p", "no:randomly", "-p", "memlab_reverse_order",
+                                              f"--memlab-baseline={serial_bl}", f"--memlab-json={work / 'r.json'}"],
+                 work / "r.json")
+        compared.append(c)
+    if a.xdist:
+        n = ["-n", str(a.xdist), "-p", "no:randomly"]
+        step(f"-n {a.xdist} write", [*n, f"--memlab-baseline={xdist_bl}", "--memlab-update-baseline"], None)
+        for k in (1, 2):
+            compared.append(step(f"-n {a.xdist} compare {k}", [*n, f"--memlab-baseline={xdist_bl}",
+                                                               f"--memlab-json={work / f'x{k}.json'}"],
+                                 work / f"x{k}.json"))
+    injected = None
+    if a.inject and serial_bl.exists():
+        file, after, new = a.inject
+        target = Path(suite) / file
+        original = inject(target, after, new)
+        try:
+            injected = step("serial compare, growth injected", ["-p", "no:randomly", f"--memlab-baseline={serial_bl}",
+                                                                f"--memlab-json={work / 'i.json'}"], work / "i.json")
+        finally:
+            target.write_text(original)
+    for c in compared:
+        if c is not None:
+            bad += len(c["regressed"]) + len(c["improved"])
+
+    lines = [f"### {a.name or 'A baseline on a real suite'}: written and compared with nothing changed", "",
+             f"`{' '.join(shlex.quote(x) for x in pytest_args)}` in `{a.suite}`", "",
+             "| run | exit | wall s | tests | same | regressed | improved | first use | pytest's last line |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, rc, took, tail, c in rows:
+        if c is None:
+            lines.append(f"| {label} | {rc} | {took:.1f} | | | | | | {tail} |")
+        else:
+            lines.append(f"| {label} | {rc} | {took:.1f} | {c['tests']} | {c['same']} | {len(c['regressed'])} | "
+                         f"{len(c['improved'])} | {len(c['first_use'])} | {tail} |")
+    lines.append("")
+    for label, rc, took, tail, c in rows:
+        if c is None:
+            continue
+        for kind in ("regressed", "improved"):
+            for nodeid, dev, old, new, _ in c[kind][:10]:
+                lines.append(f"- {label}: {kind} `{nodeid}` {dev}: {old} -> {new} B")
+        for nodeid, dev, n, held in c["first_use"][:8]:
+            lines.append(f"- {label}: first use in `{nodeid}` {dev}: {n} B; " + "; ".join(held))
+    if injected is not None:
+        named = sum(1 for _, _, _, _, sc in injected["regressed"] if sc and a.inject[2].strip()[:60] in sc[0]["text"])
+        lines += ["", f"Growth injected (`{a.inject[2].strip()}` after `{a.inject[1].strip()}` in {a.inject[0]}): "
+                  f"{len(injected['regressed'])} tests regressed, {named} of them name the injected line first."]
+        for nodeid, dev, old, new, sc in injected["regressed"][:6]:
+            first = sc[0] if sc else {}
+            lines.append(f"- `{nodeid}` {dev}: {old} -> {new} B; first: {first.get('file')} {first.get('function')}: "
+                         f"{first.get('text')} ({first.get('old')} -> {first.get('new')} B)")
+        others = [(n, sc[0]["text"] if sc else None) for n, _, _, _, sc in injected["regressed"]
+                  if not sc or a.inject[2].strip()[:60] not in sc[0]["text"]]
+        for nodeid, text in others[:6]:
+            lines.append(f"- not named first: `{nodeid}`: first change {text!r}")
+    lines += [""] + [f"- {n}" for n in notes]
+    lines.append(f"\nFalse regressions and improvements, all comparisons without a change: **{bad}**")
+    text = "\n".join(lines) + "\n"
+    Path(a.out).write_text(text)
+    print(text)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
