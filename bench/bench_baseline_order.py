@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,7 +86,11 @@ def main() -> int:
     p.add_argument("suite")
     p.add_argument("--out", required=True)
     p.add_argument("--xdist", type=int, default=0)
-    p.add_argument("--serial", type=int, default=1, help="0: no serial write and reversed compare")
+    p.add_argument("--steps", default="write,reverse,xdist,inject",
+                   help="which steps: write (serial), reverse (serial compare reversed), xdist, inject")
+    p.add_argument("--baseline-in", help="a serial baseline written before (a call of its own): no write step")
+    p.add_argument("--baseline-out", help="where to copy the serial baseline written (for a later call)")
+    p.add_argument("--inject-k", default="", help="the injected run's own -k (a subset that uses the code)")
     p.add_argument("--inject", nargs=3, metavar=("FILE", "AFTER", "NEW"))
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all the runs together")
     p.add_argument("--name", default="")
@@ -103,8 +108,11 @@ def main() -> int:
             return None
         log = work / (label.replace(" ", "_") + ".log")
         rc, took = run(suite, [*pytest_args, *extra], log, left)
-        tail = log.read_text().strip().splitlines()[-1:] or [""]
+        text = log.read_text().strip().splitlines()
+        tail = text[-1:] or [""]
         print(f"{label}: exit {rc}, {took:.1f} s: {tail[0]}", flush=True)
+        if rc not in (0, 1):
+            print("\n".join(text[-25:]), flush=True)
         if report is None or not report.exists():
             rows.append((label, rc, took, tail[0], None))
             return None
@@ -113,16 +121,22 @@ def main() -> int:
         return c
 
     serial_bl, xdist_bl = work / "serial.json", work / "xdist.json"
+    steps = set(a.steps.split(","))
+    if a.baseline_in:
+        shutil.copyfile(a.baseline_in, serial_bl)
     compared = []
-    if a.serial:
+    if "write" in steps:
         step("serial write, collection order", ["-p", "no:randomly", f"--memlab-baseline={serial_bl}",
                                                 "--memlab-update-baseline", f"--memlab-json={work / 'w.json'}"],
              work / "w.json")
+        if a.baseline_out and serial_bl.exists():
+            shutil.copyfile(serial_bl, a.baseline_out)
+    if "reverse" in steps and serial_bl.exists():
         c = step("serial compare, reversed", ["-p", "no:randomly", "-p", "memlab_reverse_order",
                                               f"--memlab-baseline={serial_bl}", f"--memlab-json={work / 'r.json'}"],
                  work / "r.json")
         compared.append(c)
-    if a.xdist:
+    if a.xdist and "xdist" in steps:
         n = ["-n", str(a.xdist), "-p", "no:randomly"]
         step(f"-n {a.xdist} write", [*n, f"--memlab-baseline={xdist_bl}", "--memlab-update-baseline"], None)
         for k in (1, 2):
@@ -130,15 +144,23 @@ def main() -> int:
                                                                f"--memlab-json={work / f'x{k}.json'}"],
                                  work / f"x{k}.json"))
     injected = None
-    if a.inject and serial_bl.exists():
+    if a.inject and "inject" in steps and serial_bl.exists():
         file, after, new = a.inject
         target = Path(suite) / file
         original = inject(target, after, new)
+        saved = list(pytest_args)
+        if a.inject_k:   # pytest takes the last -k: the run's own selection and the subset together
+            if "-k" in pytest_args:
+                i = pytest_args.index("-k")
+                pytest_args[i + 1] = f"({pytest_args[i + 1]}) and ({a.inject_k})"
+            else:
+                pytest_args += ["-k", a.inject_k]
         try:
             injected = step("serial compare, growth injected", ["-p", "no:randomly", f"--memlab-baseline={serial_bl}",
                                                                 f"--memlab-json={work / 'i.json'}"], work / "i.json")
         finally:
             target.write_text(original)
+            pytest_args[:] = saved
     for c in compared:
         if c is not None:
             bad += len(c["regressed"]) + len(c["improved"])

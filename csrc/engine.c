@@ -176,6 +176,18 @@ Device_unwatch_addr(Device *d, uintptr_t addr)
         Ledger_remove(&d->watch, addr, NULL);
 }
 
+/* Block b, still live, counts delta bytes more for its scopes. */
+static void
+Device_resize(Device *d, Block *b, int64_t delta)
+{
+    b->size += delta;
+    ScopeStack_on_resize(&d->stack, b->floor, b->scope, b->site, delta, 0,
+                         Device_total(d), d->seq);
+    if (Device_follows(d, b))
+        Kept_on_resize(&d->kept, b->kept, delta,
+                       d->stack.scopes[d->timeline_depth].live, d->seq);
+}
+
 static void
 Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
              int source)
@@ -192,18 +204,22 @@ Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
         return;
     }
     if (!created) {
-        if (source == EVENT_TRACE)
-            return;     /* the report of this allocation came first */
+        /* Both sources heard one allocation.  The tracker's size is what was
+         * asked for, rounded as the allocator rounds; the report's is the
+         * block's, which is larger where the allocator handed out a cached
+         * block without splitting it: by what earlier tests left in its
+         * cache.  Scopes count the request, the same whatever ran before;
+         * the device's totals stay the allocator's. */
+        if (source == EVENT_TRACE) {
+            if (!(b->flags & (BLOCK_ESTIMATED | BLOCK_PAIRED))) {
+                b->flags |= BLOCK_PAIRED;   /* the report came first */
+                if (size < b->size)
+                    Device_resize(d, b, size - b->size);
+            }
+            return;     /* else a late echo of the tracker's own */
+        }
         if (b->flags & BLOCK_ESTIMATED) {
-            /* The tracker saw it first and guessed; the report is exact. */
-            int64_t delta = size - b->size;
-            b->size = size;
-            b->flags &= ~BLOCK_ESTIMATED;
-            ScopeStack_on_resize(&d->stack, b->floor, b->scope, b->site,
-                                 delta, 0, Device_total(d), d->seq);
-            if (Device_follows(d, b))
-                Kept_on_resize(&d->kept, b->kept, delta,
-                               d->stack.scopes[d->timeline_depth].live, d->seq);
+            b->flags = BLOCK_PAIRED;        /* the tracker came first */
             return;
         }
         Device_retire(d, b);

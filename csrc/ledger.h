@@ -12,6 +12,8 @@
 /* A block whose size came from the CUDA trace tracker (requested bytes,
  * rounded the allocator's way) rather than from the allocator's report. */
 #define BLOCK_ESTIMATED 1u
+/* Both the tracker and the allocator's report were heard for it. */
+#define BLOCK_PAIRED 2u
 
 typedef struct Block {
     uintptr_t addr;     /* 0 marks an empty slot; no allocator returns 0 */

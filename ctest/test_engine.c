@@ -122,6 +122,8 @@ test_trace_and_report_merge(void **state)
     int64_t total, reserved;
     assert_int_equal(Engine_begin(e, CUDA0, 0, 0, 0, &id), 0);
     Engine_event(e, CUDA0, 0xC00, 512, 0, 0, EVENT_TRACE);
+    /* a cached block of 1024 handed out unsplit: the scope counts the
+     * request (512), the device's total the block */
     Engine_event(e, CUDA0, 0xC00, 1024, 1024, 2048, EVENT_REPORT);
     Engine_event(e, CUDA0, 0xC00, 1024, 0, 0, EVENT_TRACE);   /* late echo */
     Engine_event(e, CUDA0, 0xD00, 512, 0, 0, EVENT_TRACE);    /* other thread */
@@ -132,10 +134,37 @@ test_trace_and_report_merge(void **state)
     Engine_event(e, CUDA0, 0xC00, -1, 0, 0, EVENT_TRACE);
     assert_int_equal(Engine_end(e, CUDA0, id, &s), 0);
     Scope_fini(&s);
-    assert_int_equal(s.peak, 1536);
+    assert_int_equal(s.peak, 1024);
+    assert_int_equal(s.peak_total, 1536);
     assert_int_equal(s.live, 0);
     assert_int_equal(s.allocs, 2);
     assert_int_equal(s.frees, 2);
+}
+
+static void
+test_report_first_then_the_request(void **state)
+{
+    Engine *e = *state;
+    uint32_t id;
+    Scope s;
+    assert_int_equal(Engine_begin(e, CUDA0, 0, 0, 0, &id), 0);
+    Engine_event(e, CUDA0, 0xA00, 2 << 20, 2 << 20, 2 << 20, EVENT_REPORT);
+    Engine_event(e, CUDA0, 0xA00, 1536 << 10, 0, 0, EVENT_TRACE);
+    Engine_event(e, CUDA0, 0xA00, 1536 << 10, 0, 0, EVENT_TRACE);  /* an echo: nothing */
+    Engine_stats(e, CUDA0, id, 0, &s);
+    assert_int_equal(s.live, 1536 << 10);
+    Engine_event(e, CUDA0, 0xA00, -(2 << 20), 0, 2 << 20, EVENT_REPORT);
+    Engine_event(e, CUDA0, 0xA00, -1, 0, 0, EVENT_TRACE);
+    assert_int_equal(Engine_end(e, CUDA0, id, &s), 0);
+    Scope_fini(&s);
+    /* The high-water mark was taken at the report, before the request was
+     * heard; torch 2.x's allocator calls the tracker first (measured on the
+     * H100: scratch's order probe, bench/RESULTS.md), so this order is the
+     * exception, and live figures count the request from then on. */
+    assert_int_equal(s.peak, 2 << 20);
+    assert_int_equal(s.peak_total, 2 << 20);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(s.allocs, 1);
 }
 
 static void
@@ -289,6 +318,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_nesting_and_detached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watched_addresses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_report_merge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_report_first_then_the_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_depth_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_cpu_stream, setup, teardown),

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import requires_torch
+from conftest import has_cuda, requires_torch
 
 pytestmark = requires_torch
 
@@ -25,41 +25,46 @@ MiB = 2**20
 NEW = os.environ.get("PHASE") == "new"
 EXTRA = (12 if NEW else 4) * MiB     # test_grows: 8 MiB more in the new run, on one line
 SPARE = (2 if NEW else 6) * MiB      # test_shrinks: 4 MiB less
-TABLE = (5 if NEW else 3) * MiB      # test_steady's first use: 2 MiB more, its peak the same
+TABLE = (6 if NEW else 2) * MiB      # test_steady's first use: 4 MiB more, its peak the same
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # where --memlab measures an unmarked test
 _TABLES = {}                         # a module cache, filled once for the process
-pytestmark = pytest.mark.cpu_memory()
+cpu = pytest.mark.cpu_memory()
 
 
-@pytest.mark.cpu_memory(leaks=None)   # the table is no leak: the session's leak policy
-def test_steady():
+def test_steady():   # unmarked: its cache is judged by the session's leak policy, as first use
     if "t" not in _TABLES:
-        _TABLES["t"] = torch.ones(TABLE, dtype=torch.uint8)
-    x = torch.empty(4 * MiB, dtype=torch.uint8)
+        _TABLES["t"] = torch.ones(TABLE, dtype=torch.uint8, device=DEV)
+    x = torch.empty(4 * MiB, dtype=torch.uint8, device=DEV)
     del x
 
 
+@cpu
 def test_grows():
     a = torch.empty(16 * MiB, dtype=torch.uint8)
     b = torch.empty(EXTRA, dtype=torch.uint8)
     del a, b
 
 
+@cpu
 @pytest.mark.parametrize("mode", ["a|b"])
 def test_shrinks(mode):
     c = torch.empty(SPARE, dtype=torch.uint8)
     del c
 
 
+@cpu
 def test_breaks():
     x = torch.empty(2 * MiB, dtype=torch.uint8)
     assert not NEW, "broken in the new run"
 
 
 if NEW:
+    @cpu
     def test_new():
         x = torch.empty(MiB, dtype=torch.uint8)
         del x
 else:
+    @cpu
     def test_gone():
         x = torch.empty(MiB, dtype=torch.uint8)
         del x
@@ -68,6 +73,7 @@ else:
 GROWS = "test_suite.py::test_grows"
 SHRINKS = "test_suite.py::test_shrinks[a|b]"
 STEADY = "test_suite.py::test_steady"
+STEADY_DEV = "cuda" if has_cuda() else "cpu"   # (--memlab's device for an unmarked test)
 # test_grows: 16 MiB + 4 MiB live at once, then 16 MiB + 12 MiB
 OLD_PEAK, NEW_PEAK = 20 * MiB, 28 * MiB
 GROWN_LINE = "test_grows: b = torch.empty(EXTRA, dtype=torch.uint8)"
@@ -82,15 +88,15 @@ REPORT_SUMMARY = "pytest-memlab compare: 1 regressed, 1 improved, 1 unchanged, 1
 def runs(inner, monkeypatch):
     """old.json (a baseline) from the old run; new.json (a baseline) and
     r.json (its JSON report) from the new one, in the cpu lane (also on a
-    machine with CUDA).  In subprocesses: in-process, pytester's hook
+    machine with CUDA); --memlab measures the unmarked test_steady.  In subprocesses: in-process, pytester's hook
     recorder would hold the module cache too (a list's element: a leak)."""
     inner.makepyfile(test_suite=SUITE)
     monkeypatch.setenv("PHASE", "old")
-    inner.runpytest_subprocess("--memlab-baseline=old.json", "--memlab-update-baseline",
+    inner.runpytest_subprocess("--memlab", "--memlab-baseline=old.json", "--memlab-update-baseline",
                                "--memlab-baseline-env=cpu").assert_outcomes(passed=5)
     monkeypatch.setenv("PHASE", "new")
-    inner.runpytest_subprocess("--memlab-baseline=new.json", "--memlab-update-baseline", "--memlab-baseline-env=cpu",
-                               "--memlab-json=r.json").assert_outcomes(passed=4, failed=1)
+    inner.runpytest_subprocess("--memlab", "--memlab-baseline=new.json", "--memlab-update-baseline",
+                               "--memlab-baseline-env=cpu", "--memlab-json=r.json").assert_outcomes(passed=4, failed=1)
     return inner
 
 
@@ -120,7 +126,7 @@ def test_a_grown_line_regresses_its_test_and_is_named_first(runs):
     new = json.loads((runs.path / "new.json").read_text())["tests"]
     assert old[GROWS]["cpu"]["peak"] == OLD_PEAK and new[GROWS]["cpu"]["peak"] == NEW_PEAK
     assert old[SHRINKS]["cpu"]["peak"] == 6 * MiB and new[SHRINKS]["cpu"]["peak"] == 2 * MiB
-    assert old[STEADY]["cpu"]["peak"] == new[STEADY]["cpu"]["peak"] == 4 * MiB
+    assert old[STEADY][STEADY_DEV]["peak"] == new[STEADY][STEADY_DEV]["peak"] == 4 * MiB
 
     out = memlab(runs.path, "compare", "old.json", "new.json")
     assert out.returncode == 1, out.stderr
@@ -149,17 +155,19 @@ def test_a_grown_line_regresses_its_test_and_is_named_first(runs):
 
 
 def test_first_use_is_shown_never_compared(runs):
-    """test_steady's module cache grew by 2 MiB: a line of its own; its peak
+    """test_steady's module cache grew by 4 MiB: a line of its own; its peak
     did not move, so it is no regression."""
-    new = json.loads((runs.path / "new.json").read_text())["tests"][STEADY]["cpu"]
-    assert new["first_use"] == 5 * MiB and new["peak"] == 4 * MiB
+    old = json.loads((runs.path / "old.json").read_text())["tests"][STEADY][STEADY_DEV]
+    new = json.loads((runs.path / "new.json").read_text())["tests"][STEADY][STEADY_DEV]
+    assert (old["first_use"], new["first_use"]) == (2 * MiB, 6 * MiB)
+    assert old["peak"] == new["peak"] == 4 * MiB
     out = memlab(runs.path, "compare", "old.json", "new.json")
     assert out.returncode == 1   # test_grows
-    assert (f"{STEADY} [cpu]: first use 3.0 MiB -> 5.0 MiB (allocated once for the process: shown, not compared)"
-            in out.stdout.splitlines())
+    assert (f"{STEADY} [{STEADY_DEV}]: first use 2.0 MiB -> 6.0 MiB (allocated once for the process: "
+            "shown, not compared)") in out.stdout.splitlines()
     assert f"regressed {STEADY}" not in out.stdout and out.stdout.splitlines()[-1] == SUMMARY
     out = memlab(runs.path, "compare", "old.json", "new.json", "--format=markdown")
-    assert f"- `{STEADY}` [cpu]: 3.0 MiB -> 5.0 MiB" in out.stdout.splitlines()
+    assert f"- `{STEADY}` [{STEADY_DEV}]: 2.0 MiB -> 6.0 MiB" in out.stdout.splitlines()
 
 
 def test_the_markdown_form_is_a_pull_request_comment(runs, capsys):
@@ -251,7 +259,7 @@ def test_the_tolerance_and_failing_on_improvement(runs, capsys):
 def test_a_lane_of_a_baseline_with_several(runs, capsys, monkeypatch):
     # a second lane in the old file, written by the new run
     monkeypatch.setenv("PHASE", "new")
-    runs.runpytest_subprocess("--memlab-baseline=old.json", "--memlab-update-baseline",
+    runs.runpytest_subprocess("--memlab", "--memlab-baseline=old.json", "--memlab-update-baseline",
                               "--memlab-baseline-env=next").assert_outcomes(passed=4, failed=1)
     capsys.readouterr()
     assert sorted(json.loads((runs.path / "old.json").read_text())["environments"]) == ["cpu", "next"]
