@@ -483,3 +483,25 @@ def test_a_run_that_never_started_cuda_keeps_the_lanes_gpu_name(tmp_path):
     before = path.read_text()
     update(path, "cuda", {**gpu, "torch": "2.12.0"}, {})     # nothing to write: the file stays as it was
     assert path.read_text() == before
+
+
+def test_a_test_skipped_at_setup_is_not_written(pytester):
+    """A skipif mark skips a test at its setup, with no call: it is
+    reported skipped and keeps no baseline entry (it measured nothing)."""
+    pytester.makepyfile(test_skips="""
+import pytest, torch
+
+@pytest.mark.skipif(True, reason="not here")
+def test_skipped():
+    torch.empty(1024)
+
+def test_runs():
+    x = torch.empty(1 << 20, dtype=torch.uint8)
+""")
+    result = pytester.runpytest_inprocess("--memlab", "-p", "no:randomly", "--memlab-baseline=bl.json",
+                                          "--memlab-update-baseline", "--memlab-json=r.json")
+    result.assert_outcomes(passed=1, skipped=1)
+    tests = json.loads(pytester.path.joinpath("bl.json").read_text())["tests"]
+    assert list(tests) == ["test_skips.py::test_runs"]
+    outcomes = {t["nodeid"]: t["outcome"] for t in json.loads(pytester.path.joinpath("r.json").read_text())["tests"]}
+    assert outcomes.get("test_skips.py::test_skipped", "skipped") == "skipped"

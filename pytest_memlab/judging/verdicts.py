@@ -299,7 +299,8 @@ class Verdicts:
                 continue
             if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):
                 run.failed[change.key] = change
-                changes = site_changes(entry.get("sites"), sites_at_peak(figures.attribution))
+                # an entry written before baselines kept sites says nothing of them
+                changes = site_changes(entry["sites"], sites_at_peak(figures.attribution)) if "sites" in entry else []
                 run.site_changes[device] = changes
                 failures.append(baseline_failure(change, figures, options.top,
                                                  measurement.context(device, figures.seq_at_peak), changes))

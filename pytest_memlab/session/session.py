@@ -130,6 +130,9 @@ class MemlabSession:
         if when == "call":
             self._outcomes[report.nodeid] = report.outcome
             return
+        if when == "setup" and not report.passed:   # no call follows: skipped, or an error of its setup
+            self._outcomes[report.nodeid] = "skipped" if report.skipped else "error"
+            return
         if when != "teardown":
             return
         nodeid = report.nodeid
