@@ -252,8 +252,10 @@ def test_cuda_library_first_use_is_left_out_and_named(pytester, monkeypatch):
     print(json.dumps(w, indent=1))
     first = w["test_first_matmul"]
     size = getattr(torch._C, "_cuda_getCublasWorkspaceSize", lambda: 0)()
-    assert first["first_use"] >= size > 0 or first["first_use"] > 0
-    assert any("held by cuBLAS (its workspace)" in h for h in first["first_use_held"]) or not size, first
+    # unmarked (--memlab): the leak check tells first use at the session's
+    # end, where a block no tensor owns may have been freed unheard: kept,
+    # left out of the peak, not named
+    assert first["kept"] == (size or 32 * 2**20) and first["leaked"] == 0
     assert first["peak"] == first["peak_with_kept"] - first["kept"] or first["peak"] < first["peak_with_kept"]
     assert first["peak"] == 2 * 256 * 256 * 4     # a and b: the workspace is not the test's
     assert w["test_second_matmul"]["first_use"] == 0

@@ -76,7 +76,8 @@ def sort_suspects(confirmed: list, held: dict | None = None) -> tuple[list, list
     serve later tests), an attribute or a closure's variable is kept once:
     a cache, reported once with the tests that filled it.  Returns
     ([(suspect, Leak)] of the leaks, [Cache]); held, where given, gets
-    (node id, device) -> ["BYTES held by HOLDER"] of each cache's tests."""
+    (node id, device) -> [(bytes, "BYTES held by HOLDER")] of each cache's
+    tests."""
     leaks, caches, held_by = [], {}, held
     for suspect, leak in confirmed:
         if leak.bytes <= leak.allowed:
@@ -93,7 +94,7 @@ def sort_suspects(confirmed: list, held: dict | None = None) -> tuple[list, list
         held[first] += leak.bytes - sum(held.values())   # what the tensors' graphs hold
         for root, n in held.items():
             if held_by is not None:
-                held_by.setdefault((suspect.nodeid, leak.device), []).append(f"{format_size(n)} held by {root}")
+                held_by.setdefault((suspect.nodeid, leak.device), []).append((n, f"{format_size(n)} held by {root}"))
             cache = caches.setdefault((leak.device, root), Cache(leak.device, root))
             cache.bytes += n
             cache.tests.append(suspect.nodeid)

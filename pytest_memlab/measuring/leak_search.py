@@ -250,11 +250,14 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         if g not in graphs:
             # No tensor of the test retains a graph whose saved tensors
             # these could be: memory a library keeps for the process (a
-            # cuBLAS workspace, a plan cache: first use, not a leak), or,
-            # at the session's end, perhaps freed while memlab did not
-            # listen.  Not evidence of a leak either way.
-            leaks[g].outside += unowned
-            by_site[g][site].outside += unowned
+            # cuBLAS workspace, a plan cache: first use, not a leak), or, at
+            # the session's end, freed while memlab did not listen (between
+            # tests: a function fixture's value that pytest dropped after
+            # teardown, garbage the end's collection freed).  Not evidence
+            # of a leak either way; first use only where memlab listened.
+            if not deferred:
+                leaks[g].outside += unowned
+                by_site[g][site].outside += unowned
             gone += unowned
             unowned = 0
         by_site[g][site].bytes -= gone

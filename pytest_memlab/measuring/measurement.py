@@ -66,7 +66,8 @@ class Measurement:
         self.devices = list(self.meters) + list(self.unmeasured)
         self.marks: list[Mark] = []
         self.final: dict[str, DeviceFigures] | None = None
-        self.first_use: dict[str, list[str]] = {}   # device -> what it kept that is no leak, named (check_leaks)
+        # device -> (bytes, [named]) of what it kept that is no leak (check_leaks)
+        self.first_use: dict[str, tuple[int, list[str]]] = {}
         self._t0 = 0.0
 
     # -- bracketing (the plugin calls these) --------------------------------
@@ -198,7 +199,7 @@ class Measurement:
             leak = leaks.find(self.core, device, meter.live_blocks(), allowed[device], top, started,
                               excused, look_past, params)
             judged[device] = leak.bytes
-            self.first_use[device] = leaks.first_use_held(leak, self.core.torch)
+            self.first_use[device] = (leak.outside, leaks.first_use_held(leak, self.core.torch))
             if leak.bytes > allowed[device]:
                 found[device] = leak
         return found, suspects, judged

@@ -61,7 +61,6 @@ class TestRun:
     others: list = field(default_factory=list)    # GPUs measured that the test did not ask for
     item: object = None                   # the test's item, while it runs (what pytest holds of it)
     site_changes: dict = field(default_factory=dict)   # device -> [SiteChange] against the baseline
-    first_use: dict = field(default_factory=dict)      # device -> [(bytes, holder)] named
 
     # -- opening -------------------------------------------------------------------
     def begin(self, core, options, session) -> str | None:
@@ -294,7 +293,10 @@ class TestRun:
             d.gpu = machine_gpu(device)
             if device in self.leaked and figures.measured:
                 d.leaked = self.leaked[device]   # the figure agrees with the verdict
-            d.first_use_held = self.measurement.first_use.get(device, [])
+            if device in self.measurement.first_use:
+                d.first_use, d.first_use_held = self.measurement.first_use[device]
+            elif figures.kept == 0:
+                d.first_use = 0          # it kept nothing (else: told at the session's end, or not told)
             changes = self.site_changes.get(device)
             if changes:
                 d.site_changes = [c.as_dict() for c in changes]

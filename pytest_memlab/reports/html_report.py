@@ -221,6 +221,24 @@ _SCRIPT = r"""
       pre.textContent = d.detail.leak;
       box.appendChild(pre);
     }
+    if (d.site_changes && d.site_changes.length) {
+      // against the baseline: what grew where, then what shrank
+      const tab = document.createElement('table');
+      tab.innerHTML = '<tr><th>change at the peak</th><th>baseline</th><th>now</th><th>line</th></tr>' +
+        d.site_changes.map(function (c) {
+          const delta = c.new - c.old;
+          return '<tr><td>' + (delta > 0 ? '+' : '-') + esc(size(Math.abs(delta))) + '</td><td>' + esc(size(c.old)) +
+            '</td><td>' + esc(size(c.new)) + '</td><td style="text-align:left">' +
+            esc(c.file + ' ' + c.function + ': ' + c.text) + '</td></tr>';
+        }).join('');
+      box.appendChild(tab);
+    }
+    if (d.first_use) {
+      const fu = document.createElement('p');
+      fu.textContent = 'first use (kept for the process, left out of the own peak): ' + size(d.first_use) +
+        ((d.first_use_held || []).length ? ': ' + d.first_use_held.join('; ') : '');
+      box.appendChild(fu);
+    }
     if (t.processes && t.processes.length) {
       // each child process (each rank) of the test, its own peak on this
       // device (a CUDA device: the one where its own peak was highest)

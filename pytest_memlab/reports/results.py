@@ -30,7 +30,7 @@ _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": 
 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
-             "peak_with_kept", "kept")
+             "peak_with_kept", "kept", "first_use")
 _JSON_KEYS = ("sites", "site_changes", "first_use_held")
 _STR_KEYS = ("reason", "name", "baseline", "gpu")
 
@@ -48,7 +48,11 @@ class DeviceResult:
     leaked: int | None = None        # the test's live bytes after its teardown
     peak_with_kept: int | None = None  # the own peak counting what it kept past teardown (peak leaves it out)
     kept: int | None = None          # bytes it kept past its teardown: first use and leaks
-    first_use_held: list = field(default_factory=list)   # what it kept that is no leak, named
+    # what it kept that is no leak, as the leak check told it: memory a
+    # library or a cache keeps for the process, allocated by whichever test
+    # needs it first (shown, never compared); None where no check told it
+    first_use: int | None = None
+    first_use_held: list = field(default_factory=list)   # that memory, named
     sites: list = field(default_factory=list)   # heaviest lines at the peak (judging.site_changes)
     site_changes: list = field(default_factory=list)   # against the baseline, where it regressed
     max: int | None = None
@@ -61,15 +65,6 @@ class DeviceResult:
     baseline: str = ""               # "regressed", "improved", "same", "new" or "" (no baseline)
     # What the JSON and HTML reports show besides (filled only when one is asked for):
     detail: dict | None = None       # timeline, marks, peak_at, peak_line, leak (see TestRun._detail)
-
-    @property
-    def first_use(self) -> int | None:
-        """What it kept past its teardown that is no leak: memory a library
-        or a cache keeps for the process, allocated by whichever test needs
-        it first (shown, never compared)."""
-        if self.kept is None:
-            return None
-        return max(0, self.kept - (self.leaked or 0))
 
     def baseline_entry(self) -> dict:
         """The figures a baseline file keeps for this device."""

@@ -47,6 +47,25 @@ def _worst_first(rd) -> tuple:
     return (not r.failed_by_memlab, -use, -(d.peak or 0), r.nodeid)
 
 
+def first_use_lines(measured: list, verbosity: int = 0) -> list[tuple[str, bool]]:
+    """The tests that paid a first use the leak check told apart (memory
+    kept for the process: a library's workspace, a cache), left out of
+    their compared peaks, heaviest first: 3 by default, all under -v, none
+    under -q.  (What else a test kept, freed after it or not told apart,
+    is its JSON figure kept.)"""
+    paid = sorted(((d.first_use, r.nodeid, d) for r, d in measured if d.first_use), key=lambda x: -x[0])
+    if not paid or verbosity < 0:
+        return []
+    out = [(f"first use, kept for the process and left out of the compared peaks: "
+            f"{plural(len(paid), 'test')}, {format_size(sum(n for n, _, _ in paid))}", False)]
+    for n, nodeid, d in paid[: None if verbosity > 0 else 3]:
+        held = "; ".join(d.first_use_held) if d.first_use_held else "no holder named"
+        out.append((f"  {format_size(n)} {d.device} {nodeid}: {held}", False))
+    if verbosity <= 0 and len(paid) > 3:
+        out.append((f"  ... and {len(paid) - 3} more (-v lists them)", False))
+    return out
+
+
 def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity: int = 0,
             top: int = 5) -> list[tuple[str, bool]]:
     """The terminal summary's lines, each with whether it is bold.  With
@@ -91,6 +110,7 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
                     "see above", False))
     if verbosity > -2:
         out += children_lines(results, verbosity)
+        out += first_use_lines(measured, verbosity)
     if not table or verbosity <= -2 or not measured:
         return out
     measured.sort(key=_worst_first)

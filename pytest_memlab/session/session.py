@@ -215,8 +215,10 @@ class MemlabSession:
         for suspect, leak in confirmed:   # every suspect's figure agrees with its verdict
             entry = self.late.setdefault(suspect.nodeid, {})
             key = (suspect.nodeid, suspect.device)
+            kept = held.get(key, [])   # its tensors in caches
             entry[suspect.device] = {"leaked": leak.bytes if key in leaking else 0,
-                                     "first_use_held": held.get(key, []) + first_use_held(leak, torch)}
+                                     "first_use": (0 if key in leaking else sum(n for n, _ in kept)) + leak.outside,
+                                     "first_use_held": [t for _, t in kept] + first_use_held(leak, torch)}
         for suspect, leak in leaks:
             self.late[suspect.nodeid][suspect.device].update(
                 key=leak.key, text=leak_report(leak, top), location=list(suspect.location))
@@ -233,7 +235,8 @@ class MemlabSession:
                 d = result.devices.get(device) if result is not None else None
                 if d is not None:
                     d.leaked = found["leaked"]
-                    d.first_use_held = d.first_use_held or found.get("first_use_held", [])
+                    d.first_use = found.get("first_use", 0)
+                    d.first_use_held = found.get("first_use_held", [])
                 if not found.get("key"):
                     continue
                 if result is not None and found["key"] not in result.warned:
