@@ -277,6 +277,7 @@ class TestRun:
         detail "all", or "flagged" for a test memlab failed, warned of or
         suspects of a leak, what the JSON and HTML reports show besides
         (timelines are fetched only then: the engine keeps the last one)."""
+        want_sites = with_baseline or bool(detail)   # a baseline or a report keeps them
         if detail == "flagged" and not (self.failed or self.warned or self.suspects or self.said):
             detail = ""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
@@ -288,7 +289,8 @@ class TestRun:
             figures = (self.figures or {}).get(device)
             if figures is None:
                 continue
-            d = result.devices[device] = DeviceResult.from_figures(figures, spec, top)
+            d = result.devices[device] = DeviceResult.from_figures(figures, spec, top,
+                                                                   sites=want_sites)
             d.name = self.names.get(device, device)
             d.gpu = machine_gpu(device)
             if device in self.leaked and figures.measured:

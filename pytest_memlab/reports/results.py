@@ -73,7 +73,10 @@ class DeviceResult:
                 "first_use": self.first_use or 0, "sites": self.sites}
 
     @classmethod
-    def from_figures(cls, figures, spec=None, top: int = 5) -> "DeviceResult":
+    def from_figures(cls, figures, spec=None, top: int = 5, sites: bool = False) -> "DeviceResult":
+        """sites: with the heaviest lines at the peak (a baseline or a
+        report keeps them; reading them costs each test a few tens of
+        microseconds, so only then)."""
         result = cls(figures.device, figures.measured, figures.reason)
         if figures.measured:
             result.peak = figures.peak
@@ -82,7 +85,7 @@ class DeviceResult:
             result.leaked = figures.live
             result.peak_with_kept = figures.peak_with_kept
             result.kept = figures.kept
-            if figures.attribution is not None and figures.peak:
+            if sites and figures.attribution is not None and figures.peak:
                 from ..judging.site_changes import sites_at_peak
 
                 result.sites = sites_at_peak(figures.attribution)
