@@ -149,7 +149,10 @@ def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(
     c = change
     if c.kind == "regressed":
         lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
-        lines += describe_changes(list(changes), top)
+        if changes is None:
+            lines.append("  (no line among the heaviest the baseline keeps changed: what grew is below them)")
+        else:
+            lines += describe_changes(list(changes), top)
         if figures.attribution is not None and figures.peak:
             lines += describe_attribution(figures.attribution, figures.peak, top, context)
         lines.append(f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "

@@ -303,6 +303,8 @@ class Verdicts:
                 # an entry written before baselines kept sites says nothing of them
                 changes = site_changes(entry["sites"], sites_at_peak(figures.attribution)) if "sites" in entry else []
                 run.site_changes[device] = changes
+                if not changes and entry.get("sites") and change.kind == "regressed":
+                    changes = None   # the growth is below the lines kept: said so
                 failures.append(baseline_failure(change, figures, options.top,
                                                  measurement.context(device, figures.seq_at_peak), changes))
         failures += self._compare_ranks(run, final)
