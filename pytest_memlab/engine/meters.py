@@ -63,7 +63,6 @@ class DeviceFigures:
     # What the test kept (see Kept): the own peak above leaves it out
     peak_with_kept: int | None = None   # the own peak counting it
     kept: int | None = None             # bytes of its blocks still held after teardown
-    kept_blocks: list | None = None     # (addr, size, seq, site) of those blocks
 
 
 @dataclass(slots=True)
@@ -107,7 +106,6 @@ def leave_out_kept(figures: DeviceFigures, kept: Kept) -> None:
     it, less the kept blocks: the attribution says so."""
     figures.peak_with_kept = figures.peak
     figures.kept = kept.bytes
-    figures.kept_blocks = kept.blocks
     if not kept.blocks:
         return
     taken = figures.seq_at_peak or 0     # where the lines at the peak were taken

@@ -67,7 +67,7 @@ def has_budget(spec) -> bool:
     return any(getattr(spec, name, None) is not None for _, _, name in BUDGETS)
 
 
-def sort_suspects(confirmed: list, held: dict | None = None) -> tuple[list, list[Cache]]:
+def sort_suspects(confirmed: list, held_by: dict | None = None) -> tuple[list, list[Cache]]:
     """Leaks and caches among confirmed suspects ([(Suspect, Leak)]), by
     evidence across the session: a tensor held by a sequence's element (a
     list that tests append to grows with every test that does), by a
@@ -75,10 +75,10 @@ def sort_suspects(confirmed: list, held: dict | None = None) -> tuple[list, list
     named; one held under a key (a dict filled on first use: the same keys
     serve later tests), an attribute or a closure's variable is kept once:
     a cache, reported once with the tests that filled it.  Returns
-    ([(suspect, Leak)] of the leaks, [Cache]); held, where given, gets
+    ([(suspect, Leak)] of the leaks, [Cache]); held_by, where given, gets
     (node id, device) -> [(bytes, "BYTES held by HOLDER")] of each cache's
     tests."""
-    leaks, caches, held_by = [], {}, held
+    leaks, caches = [], {}
     for suspect, leak in confirmed:
         if leak.bytes <= leak.allowed:
             continue
@@ -292,10 +292,11 @@ class Verdicts:
             if not figures.measured or figures.peak is None:
                 continue
             tolerance = spec.tolerance or options.tolerance
-            if not final and compare(device, entry["peak"], figures.peak, tolerance, "").kind == "regressed":
+            change = compare(device, entry["peak"], figures.peak, tolerance, options.baseline)
+            if not final and change.kind == "regressed":
                 figures = run.figures_now(device)   # without what it may keep, as for budgets
-            change = run.changes[device] = compare(
-                device, entry["peak"], figures.peak, tolerance, options.baseline)
+                change = compare(device, entry["peak"], figures.peak, tolerance, options.baseline)
+            run.changes[device] = change
             if options.update_baseline or change.key in run.failed:
                 continue
             if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):
