@@ -2,7 +2,9 @@
 with no code changed between writing and comparing:
 
 1. written serially in collection order, compared serially in reverse
-   order (a plugin that reverses the items);
+   order (bench/memlab_shard.py reverses the items; with ``--shards N``,
+   N serial processes side by side, each a consecutive part of the
+   selection, the same part written and compared);
 2. written under ``-n N``, compared twice under ``-n N`` (xdist schedules
    differently each run);
 3. optionally, a growth injected into the suite's code (``--inject FILE
@@ -11,7 +13,7 @@ with no code changed between writing and comparing:
    test that regressed should name the injected line first.
 
     python bench/bench_baseline_order.py SUITE_DIR --out FILE [--xdist N]
-        [--inject FILE AFTER NEW] [--budget SECONDS] -- PYTEST_ARGS...
+        [--inject FILE AFTER NEW] [--shards N] [--budget SECONDS] -- PYTEST_ARGS...
 
 Counts the false regressions and improvements of each comparison from the
 JSON reports (a test whose baseline is "regressed" or "improved" with no
@@ -35,17 +37,54 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def run(suite: str, args: list[str], log: Path, budget: float) -> tuple[int, float]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+def run(suite: str, runs: list[tuple[list[str], dict, Path]], budget: float) -> tuple[int, float]:
+    """Runs pytest once per (args, extra environment, log), side by side;
+    the worst exit status (124: past the budget) and the wall time."""
     started = time.perf_counter()
-    with open(log, "w") as f:
+    procs = []
+    for args, extra_env, log in runs:
+        env = dict(os.environ, **extra_env)
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        f = open(log, "w")
+        procs.append((subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                                       cwd=suite, env=env, stdout=f, stderr=subprocess.STDOUT), f))
+    rc = 0
+    for proc, f in procs:
         try:
-            rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                                cwd=suite, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=budget).returncode
+            code = proc.wait(timeout=max(1.0, budget - (time.perf_counter() - started)))
         except subprocess.TimeoutExpired:
-            rc = 124
+            proc.kill()
+            proc.wait()
+            code = 124
+        f.close()
+        if code not in (0, 1) or rc == 0:
+            rc = code
     return rc, time.perf_counter() - started
+
+
+def merge_reports(parts: list[Path], into: Path) -> None:
+    """The shards' JSON reports as one (their tests together)."""
+    tests = []
+    for part in parts:
+        if part.exists():
+            tests += json.loads(part.read_text())["tests"]
+    if tests:
+        into.write_text(json.dumps({"tests": tests}))
+
+
+def merge_baselines(parts: list[Path], into: Path) -> None:
+    """The shards' baselines as one file (each shard wrote its own tests)."""
+    merged = None
+    for part in parts:
+        if not part.exists():
+            continue
+        data = json.loads(part.read_text())
+        if merged is None:
+            merged = data
+        else:
+            merged["tests"].update(data["tests"])
+    if merged is not None:
+        into.write_text(json.dumps(merged, indent=2, sort_keys=True))
 
 
 def changes(report: Path) -> dict:
@@ -94,25 +133,49 @@ def main() -> int:
     p.add_argument("--inject", nargs=3, metavar=("FILE", "AFTER", "NEW"))
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all the runs together")
     p.add_argument("--name", default="")
+    p.add_argument("--shards", type=int, default=1,
+                   help="the serial steps as N serial processes side by side, each a consecutive part of the "
+                        "selection (bench/memlab_shard.py): the same part written and compared")
     a = p.parse_args(argv)
     suite = os.path.abspath(a.suite)
     work = Path(tempfile.mkdtemp(prefix="memlab-order-"))
     deadline = time.perf_counter() + a.budget
     rows, notes, bad = [], [], 0
 
-    def step(label: str, extra: list[str], report: Path | None) -> dict | None:
+    def step(label: str, extra: list[str], report: Path | None, serial: bool = False,
+             reverse: bool = False, baseline_out: Path | None = None) -> dict | None:
+        """One pytest run (or, serial with --shards, one per shard side by
+        side: ``{shard}`` in an argument becomes the shard's number, its
+        reports and baselines are merged into ``report`` and
+        ``baseline_out``)."""
         nonlocal bad
         left = deadline - time.perf_counter()
         if left < 20:
             notes.append(f"{label}: not run (the budget ran out)")
             return None
-        log = work / (label.replace(" ", "_") + ".log")
-        rc, took = run(suite, [*pytest_args, *extra], log, left)
-        text = log.read_text().strip().splitlines()
-        tail = text[-1:] or [""]
-        print(f"{label}: exit {rc}, {took:.1f} s: {tail[0]}", flush=True)
+        name = label.replace(" ", "_").replace(",", "")
+        shards = a.shards if serial else 1
+        runs = []
+        for i in range(shards):
+            env = {"MEMLAB_SHARD_REVERSE": "1" if reverse else "0"}
+            if shards > 1:
+                env["MEMLAB_SHARD"] = f"{i}/{shards}"
+            runs.append(([*pytest_args, "-p", "memlab_shard", *(x.replace("{shard}", str(i)) for x in extra)], env,
+                         work / f"{name}.{i}.log"))
+        rc, took = run(suite, runs, left)
+        if report is not None:
+            merge_reports([Path(str(report).replace("{shard}", str(i))) for i in range(shards)],
+                          Path(str(report).replace(".{shard}", "")))
+            report = Path(str(report).replace(".{shard}", ""))
+        if baseline_out is not None:
+            merge_baselines([Path(str(baseline_out).replace("{shard}", str(i))) for i in range(shards)],
+                            Path(str(baseline_out).replace(".{shard}", "")))
+        text = [line for _, _, log in runs for line in log.read_text().strip().splitlines()[-1:]] or [""]
+        tail = " / ".join(text)
+        print(f"{label}: exit {rc}, {took:.1f} s: {tail}", flush=True)
         if rc not in (0, 1):
-            print("\n".join(text[-25:]), flush=True)
+            print("\n".join(runs[0][2].read_text().strip().splitlines()[-25:]), flush=True)
+        tail = [tail]
         if report is None or not report.exists():
             rows.append((label, rc, took, tail[0], None))
             return None
@@ -126,15 +189,16 @@ def main() -> int:
         shutil.copyfile(a.baseline_in, serial_bl)
     compared = []
     if "write" in steps:
-        step("serial write, collection order", ["-p", "no:randomly", f"--memlab-baseline={serial_bl}",
-                                                "--memlab-update-baseline", f"--memlab-json={work / 'w.json'}"],
-             work / "w.json")
+        part = work / "serial.{shard}.json"
+        step("serial write, collection order", ["-p", "no:randomly", f"--memlab-baseline={part}",
+                                                "--memlab-update-baseline", f"--memlab-json={work / 'w.{shard}.json'}"],
+             work / "w.{shard}.json", serial=True, baseline_out=part)
         if a.baseline_out and serial_bl.exists():
             shutil.copyfile(serial_bl, a.baseline_out)
     if "reverse" in steps and serial_bl.exists():
-        c = step("serial compare, reversed", ["-p", "no:randomly", "-p", "memlab_reverse_order",
-                                              f"--memlab-baseline={serial_bl}", f"--memlab-json={work / 'r.json'}"],
-                 work / "r.json")
+        c = step("serial compare, reversed", ["-p", "no:randomly", f"--memlab-baseline={serial_bl}",
+                                              f"--memlab-json={work / 'r.{shard}.json'}"],
+                 work / "r.{shard}.json", serial=True, reverse=True)
         compared.append(c)
     if a.xdist and "xdist" in steps:
         n = ["-n", str(a.xdist), "-p", "no:randomly"]
@@ -166,6 +230,9 @@ def main() -> int:
             bad += len(c["regressed"]) + len(c["improved"])
 
     lines = [f"### {a.name or 'A baseline on a real suite'}: written and compared with nothing changed", "",
+             *([f"Serial steps: {a.shards} serial processes side by side, each a consecutive part of the "
+                f"selection, the same part written (collection order) and compared (reversed).", ""]
+               if a.shards > 1 else []),
              f"`{' '.join(shlex.quote(x) for x in pytest_args)}` in `{a.suite}`", "",
              "| run | exit | wall s | tests | same | regressed | improved | first use | pytest's last line |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
