@@ -156,8 +156,14 @@ def main() -> int:
         name = label.replace(" ", "_").replace(",", "")
         shards = a.shards if serial else 1
         runs = []
+        procs = shards if serial else max(1, a.xdist if "-n" in extra else 1)
         for i in range(shards):
             env = {"MEMLAB_SHARD_REVERSE": "1" if reverse else "0"}
+            if procs > 1 and "OMP_NUM_THREADS" not in os.environ:
+                # side by side, each process's intra-op threads as many as
+                # the cores allow: 4 processes of 16 threads on 16 cores
+                # spin-wait each other (a 1052-test step ran past 530 s)
+                env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
             if shards > 1:
                 env["MEMLAB_SHARD"] = f"{i}/{shards}"
             runs.append(([*pytest_args, "-p", "memlab_shard", *(x.replace("{shard}", str(i)) for x in extra)], env,

@@ -110,5 +110,6 @@ def _choose() -> Core:
             stacklevel=2,
         )
         return Core(COUNTERS, reason, torch=torch)
+    bridge.attach_tracker_when_cuda_starts(torch)
     return Core(BRIDGE, f"torch bridge {bridge.path.name}", bridge=bridge, torch=torch)
 

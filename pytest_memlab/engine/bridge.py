@@ -164,6 +164,34 @@ class Bridge:
             rc = self.lib.memlab_bridge_attach_cuda_tracker(err, len(err))
             self.tracker = True if rc == 0 else err.value.decode(errors="replace")
 
+    def attach_tracker_when_cuda_starts(self, torch) -> None:
+        """Attaches the tracker as CUDA initialises, on whichever thread
+        does it (a pool thread's first allocation included), before that
+        thread's first allocation: torch runs the calls queued with
+        ``torch.cuda._lazy_call`` right after it creates the device
+        allocators (and at once where CUDA is initialised already).
+        Attached later, at the next measured scope, the first test to use
+        CUDA would be heard only through the reporter of its own thread,
+        with block sizes where the others count requests: its figures
+        would depend on being first."""
+        lazy_call = getattr(getattr(torch, "cuda", None), "_lazy_call", None)
+        if lazy_call is None or not getattr(torch.version, "cuda", None):
+            return
+
+        def attach() -> None:
+            # runs inside torch's CUDA initialisation: must never raise
+            # (an exception there reaches the user as DeferredCudaCallError)
+            try:
+                if self.tracker is None:
+                    self.attach_tracker()
+            except Exception as exc:  # pragma: no cover - the C side returns errors, not raises
+                self.tracker = f"{type(exc).__name__}: {exc}"
+
+        try:
+            lazy_call(attach)
+        except Exception:  # a torch without the queue: the next measured scope attaches it
+            pass
+
     def cuda_totals(self, cuda, index: int) -> tuple[int, int]:
         """The allocated and reserved bytes of CUDA device index, as
         torch.cuda.memory_allocated and memory_reserved give them, read in
