@@ -133,6 +133,7 @@ def main() -> int:
     p.add_argument("--inject", nargs=3, metavar=("FILE", "AFTER", "NEW"))
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all the runs together")
     p.add_argument("--name", default="")
+    p.add_argument("--keep", help="a folder to copy the runs' logs, JSON reports and baselines into")
     p.add_argument("--shards", type=int, default=1,
                    help="the serial steps as N serial processes side by side, each a consecutive part of the "
                         "selection (bench/memlab_shard.py): the same part written and compared")
@@ -253,8 +254,10 @@ def main() -> int:
         if c is None:
             continue
         for kind in ("regressed", "improved"):
-            for nodeid, dev, old, new, _ in c[kind][:10]:
-                lines.append(f"- {label}: {kind} `{nodeid}` {dev}: {old} -> {new} B")
+            for nodeid, dev, old, new, sc in c[kind][:10]:
+                what = "; ".join(f"{x.get('function')}: {x.get('text')} ({x.get('old')} -> {x.get('new')} B)"
+                                 for x in sc[:3])
+                lines.append(f"- {label}: {kind} `{nodeid}` {dev}: {old} -> {new} B" + (f"; {what}" if what else ""))
         for nodeid, dev, n, held in c["first_use"][:8]:
             lines.append(f"- {label}: first use in `{nodeid}` {dev}: {n} B; " + "; ".join(held))
     if injected is not None:
@@ -273,6 +276,8 @@ def main() -> int:
     lines.append(f"\nFalse regressions and improvements, all comparisons without a change: **{bad}**")
     text = "\n".join(lines) + "\n"
     Path(a.out).write_text(text)
+    if a.keep:   # the runs' logs, reports and baselines, for a look after the call
+        shutil.copytree(work, a.keep, dirs_exist_ok=True)
     print(text)
     return 1 if bad else 0
 
