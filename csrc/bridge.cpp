@@ -1,8 +1,9 @@
 // The torch bridge: a reporter in torch's thread-local profiler slot that
-// forwards every CPU and CUDA allocation and free to the engine's sink, and
-// (where torch has it) a CUDA allocator trace tracker that hears the threads
-// the thread-local reporter does not.  Built against the torch the process
-// imports; see pytest_memlab/_bridge_build.py.
+// forwards every CUDA allocation and free of the threads it is installed on
+// to the engine's sink, (where torch has it) a CUDA allocator trace tracker
+// that hears every thread, and a CPU allocator of memlab's own that hears
+// every thread's CPU allocations and frees.  Built against the torch the
+// process imports; see pytest_memlab/engine/bridge_build.py.
 //
 // Why a ProfilerStateBase and not a bare c10::MemoryReportingInfoBase: the
 // allocators only need the latter, but torch reads the PROFILER_STATE slot as
@@ -19,6 +20,7 @@
 #include "memlab_bridge.h"
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
@@ -37,7 +39,8 @@ namespace {
 
 std::atomic<memlab_sink_fn> g_sink{nullptr};
 std::atomic<void *> g_ctx{nullptr};
-std::atomic<bool> g_cpu{false};
+std::atomic<bool> g_cpu{false};           // CPU events are forwarded now
+std::atomic<bool> g_cpu_own{false};       // ... by memlab's CPU allocator, else the reporter
 std::atomic<bool> g_tracker_on{false};
 std::atomic<bool> g_tracker_attached{false};
 
@@ -80,13 +83,78 @@ struct Reporter final : public tpi::ProfilerStateBase {
             static_cast<uint64_t>(total_reserved), MEMLAB_SOURCE_REPORT);
   }
   // false still delivers every CUDA event; true also turns on the CPU
-  // allocator's reporting.
+  // allocator's reporting (a global mutex and a size table per event, on
+  // the installed threads only): the path where memlab's own CPU allocator
+  // could not be installed.
   bool memoryProfilingEnabled() const override {
-    return g_cpu.load(std::memory_order_relaxed);
+    return g_cpu.load(std::memory_order_relaxed) &&
+           !g_cpu_own.load(std::memory_order_relaxed);
   }
 };
 
 std::shared_ptr<Reporter> g_reporter;
+
+// Memlab's CPU allocator: torch's default allocator with one change, the
+// deleter of each block allocated while CPU events are forwarded.  It hears
+// every thread (the reporter hears only the threads it is installed on) for
+// the cost of a virtual call and a deleter swap.  Delegating keeps the
+// default's alignment, NUMA placement, fill and its profiler report (so
+// torch.profiler's profile_memory still works inside a test).  Blocks keep
+// the deleter they were made with, so installing and restoring never
+// orphans one.  The object lives as long as the process: a storage keeps
+// the allocator it was made with and grows through it.
+c10::Allocator *g_default_cpu = nullptr;
+c10::DeleterFnPtr g_default_cpu_free = nullptr;
+int g_cpu_priority = -1;   // the priority it was installed at (c10 keeps it)
+
+void cpu_free(void *ptr) {
+  // Heard before the memory goes back: after it, another thread could be
+  // given the same address and be heard allocating it first.
+  if (ptr != nullptr && g_cpu.load(std::memory_order_relaxed)) {
+    forward(MEMLAB_DEVICE_CPU, 0, ptr, -1, 0, 0, MEMLAB_SOURCE_REPORT);
+  }
+  g_default_cpu_free(ptr);
+}
+
+// Torch 1.x declares allocate const and has no copy_data; torch 2.x the
+// reverse.  Both are declared without `override`: whichever matches the
+// base class overrides it, the other is an unused overload.
+struct CpuAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) const { return take(n); }
+  c10::DataPtr allocate(size_t n) { return take(n); }
+  c10::DeleterFnPtr raw_deleter() const override { return &cpu_free; }
+  void copy_data(void *dest, const void *src, std::size_t count) const {
+    if (count > 0) std::memcpy(dest, src, count);
+  }
+
+ private:
+  static c10::DataPtr take(size_t n) {
+    c10::DataPtr dp = g_default_cpu->allocate(n);
+    // Only a block whose deleter is the default's own (its context is its
+    // data) is taken over; any other would never be heard going, a false
+    // leak, so it is not heard coming either.
+    if (g_cpu.load(std::memory_order_relaxed) && dp.get() != nullptr &&
+        dp.get() == dp.get_context() &&
+        dp.compare_exchange_deleter(g_default_cpu_free, &cpu_free)) {
+      forward(MEMLAB_DEVICE_CPU, 0, dp.get(), static_cast<int64_t>(n), 0, 0,
+              MEMLAB_SOURCE_REPORT);
+    }
+    return dp;
+  }
+};
+
+CpuAllocator *g_cpu_allocator = nullptr;
+
+// c10 keeps a priority per device type and ignores a SetCPUAllocator below
+// it, and the priority can be neither read nor lowered.  Trying 0, 1, ...
+// finds it without raising it: every try below it is ignored.
+int set_cpu_allocator_at_its_priority(c10::Allocator *allocator, int from) {
+  for (int p = from < 0 ? 0 : from; p < 256; ++p) {
+    c10::SetCPUAllocator(allocator, static_cast<uint8_t>(p));
+    if (c10::GetCPUAllocator() == allocator) return p;
+  }
+  return -1;
+}
 
 }  // namespace
 
@@ -145,6 +213,58 @@ int memlab_bridge_installed(void) {
 
 void memlab_bridge_set_cpu(int on) {
   g_cpu.store(on != 0, std::memory_order_relaxed);
+}
+
+int memlab_bridge_install_cpu_allocator(char *err, size_t errlen) {
+  try {
+    if (g_cpu_allocator != nullptr && c10::GetCPUAllocator() == g_cpu_allocator) {
+      return 0;
+    }
+    c10::Allocator *current = c10::GetCPUAllocator();
+    c10::Allocator *def = c10::GetDefaultCPUAllocator();
+    if (current != def) {
+      set_error(err, errlen,
+                "another CPU allocator than torch's default is set (the mobile "
+                "allocator, or one of the process's own)");
+      return 1;
+    }
+    if (g_cpu_allocator == nullptr) {
+      g_default_cpu = def;
+      g_default_cpu_free = def->raw_deleter();
+      if (g_default_cpu_free == nullptr) {
+        set_error(err, errlen, "torch's default CPU allocator has no deleter to take over");
+        return 1;
+      }
+      g_cpu_allocator = new CpuAllocator();  // never freed: see above
+    }
+    int priority = set_cpu_allocator_at_its_priority(g_cpu_allocator, 0);
+    if (priority < 0) {
+      set_error(err, errlen, "c10 did not take the allocator at any priority");
+      return -1;
+    }
+    g_cpu_priority = priority;
+    g_cpu_own.store(true, std::memory_order_relaxed);
+    return 0;
+  } catch (const std::exception &e) {
+    set_error(err, errlen, e.what());
+  } catch (...) {
+    set_error(err, errlen, "unknown C++ exception installing the CPU allocator");
+  }
+  return -1;
+}
+
+int memlab_bridge_restore_cpu_allocator(void) {
+  try {
+    if (g_cpu_allocator == nullptr || c10::GetCPUAllocator() != g_cpu_allocator) {
+      return 1;  // not installed, or set aside since (its blocks still free through it)
+    }
+    // The reporter path until the next install: blocks of memlab's
+    // allocator still free through it, heard while CPU events are on.
+    g_cpu_own.store(false, std::memory_order_relaxed);
+    return set_cpu_allocator_at_its_priority(g_default_cpu, g_cpu_priority) < 0 ? -1 : 0;
+  } catch (...) {
+    return -1;
+  }
 }
 
 void memlab_bridge_set_tracker(int on) {

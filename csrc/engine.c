@@ -85,6 +85,32 @@ Engine_slot(int device_type, int device_index)
 }
 
 void
+Engine_fork_prepare(Engine *self)
+{
+    /* The event path takes the record lock and then, once it has let it go,
+     * one device's lock, never two at once: taking them all in slot order
+     * here waits for each holder and can deadlock with none. */
+    Spinlock_acquire(&self->record_lock);
+    for (int i = 0; i < ENGINE_MAX_DEVICES; i++) {
+        Device *d = atomic_load_explicit(&self->devices[i], memory_order_acquire);
+        if (d != NULL)
+            Spinlock_acquire(&d->lock);
+        self->fork_held[i] = d;
+    }
+}
+
+void
+Engine_fork_release(Engine *self)
+{
+    for (int i = ENGINE_MAX_DEVICES - 1; i >= 0; i--) {
+        if (self->fork_held[i] != NULL)
+            Spinlock_release(&self->fork_held[i]->lock);
+        self->fork_held[i] = NULL;
+    }
+    Spinlock_release(&self->record_lock);
+}
+
+void
 Engine_set_attribution(Engine *self, AttributeFn fn, void *ctx)
 {
     atomic_store(&self->attribute_ctx, ctx);

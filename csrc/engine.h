@@ -92,6 +92,9 @@ typedef struct Engine {
     _Atomic(Device *) devices[ENGINE_MAX_DEVICES];
     atomic_uint next_scope_id;
     Spinlock record_lock;
+    /* The devices whose locks Engine_fork_prepare took (a device made
+     * between prepare and release is not released by it). */
+    Device *fork_held[ENGINE_MAX_DEVICES];
     Event *record;
     size_t record_len;
     size_t record_cap;
@@ -111,6 +114,15 @@ void Engine_sink(void *ctx, int device_type, int device_index, void *ptr,
                  int64_t size, uint64_t total, uint64_t reserved, int source);
 
 void Engine_set_attribution(Engine *self, AttributeFn fn, void *ctx);
+
+/* A fork while another thread holds a device's lock would leave the lock
+ * held in the child, whose first event would spin forever (memlab's CPU
+ * allocator hears every thread: a DataLoader forking its workers while a
+ * pool thread allocates).  Engine_fork_prepare takes every lock the event
+ * path takes, in one order; Engine_fork_release gives them back, in the
+ * parent and in the child (pthread_atfork's three handlers, module.c). */
+void Engine_fork_prepare(Engine *self);
+void Engine_fork_release(Engine *self);
 /* The device's total and reserved bytes now, without its lock (0 if never
  * used). */
 int64_t Engine_current_total(Engine *self, int slot);

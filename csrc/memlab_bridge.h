@@ -44,9 +44,19 @@ MEMLAB_BRIDGE_API int memlab_bridge_install(memlab_sink_fn sink, void *ctx, char
 MEMLAB_BRIDGE_API int memlab_bridge_uninstall(char *err, size_t errlen);
 /* 1 when the calling thread's innermost profiler state is the reporter. */
 MEMLAB_BRIDGE_API int memlab_bridge_installed(void);
-/* CPU allocations are reported only while this is on (it costs the CPU
- * allocator a lock and a hash update per allocation). */
+/* CPU allocations and frees are forwarded only while this is on: by
+ * memlab's CPU allocator where it is installed (every thread), else by the
+ * reporter (the installed threads; it costs torch's CPU allocator a lock and
+ * a hash update per event). */
 MEMLAB_BRIDGE_API void memlab_bridge_set_cpu(int on);
+/* Makes memlab's CPU allocator c10's CPU allocator: torch's default one that
+ * also forwards its events while set_cpu is on.  1 (and why, in err) where
+ * another allocator than the default is set; -1 on error. */
+MEMLAB_BRIDGE_API int memlab_bridge_install_cpu_allocator(char *err, size_t errlen);
+/* Gives c10 its default CPU allocator back, at the priority it had, if
+ * memlab's is still the one set (1 where it is not).  Blocks allocated
+ * through memlab's still free through it. */
+MEMLAB_BRIDGE_API int memlab_bridge_restore_cpu_allocator(void);
 /* Attaches a CUDA allocator trace tracker (once; there is no detach), after
  * CUDA is initialised.  1 when this torch has none or CUDA is absent. */
 MEMLAB_BRIDGE_API int memlab_bridge_attach_cuda_tracker(char *err, size_t errlen);

@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "engine.h"
@@ -1082,6 +1083,21 @@ static PyMethodDef engine_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The engine's locks across a fork (engine.h: Engine_fork_prepare). */
+static void
+fork_prepare(void)
+{
+    if (M.engine != NULL)
+        Engine_fork_prepare(M.engine);
+}
+
+static void
+fork_release(void)
+{
+    if (M.engine != NULL)
+        Engine_fork_release(M.engine);
+}
+
 static int
 engine_exec(PyObject *module)
 {
@@ -1092,6 +1108,11 @@ engine_exec(PyObject *module)
             return -1;
         }
         Reporter_init(&M.reporter, M.engine);
+        /* Once per process: the engine lives as long as it does. */
+        if (pthread_atfork(fork_prepare, fork_release, fork_release) != 0) {
+            PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+            return -1;
+        }
     }
     if (keys_init() < 0 || Tracer_init(module, M.engine) < 0)
         return -1;

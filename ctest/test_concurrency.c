@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -251,12 +254,81 @@ test_high_water_marks_from_several_threads(void **state)
     world_free(w);
 }
 
+/* Allocator threads deliver CPU events without pause. */
+typedef struct Churn {
+    Engine *engine;
+    atomic_int stop;
+    uintptr_t base;
+} Churn;
+
+static void *
+churn_run(void *arg)
+{
+    Churn *c = arg;
+    long i = 0;
+    while (!atomic_load(&c->stop)) {
+        uintptr_t addr = c->base + (uintptr_t)(i % 64) * 64;
+        Engine_event(c->engine, CPU, addr, 64, 0, 0, EVENT_REPORT);
+        Engine_event(c->engine, CPU, addr, -1, 0, 0, EVENT_REPORT);
+        i++;
+    }
+    return NULL;
+}
+
+/* A fork while other threads deliver events: the fork handlers take the
+ * engine's locks first, so the child never starts with one held by a thread
+ * it does not have, and its own first events go through (a child that hangs
+ * is ended by its alarm and fails the test). */
+static void
+test_a_fork_while_threads_deliver_events(void **state)
+{
+    (void)state;
+    Engine *e = Engine_new();
+    assert_non_null(e);
+    uint32_t id;
+    Scope s;
+    assert_int_equal(Engine_begin(e, CPU, 0, 0, 0, &id), 0);
+    Churn churn[2];
+    pthread_t threads[2];
+    for (int t = 0; t < 2; t++) {
+        churn[t].engine = e;
+        atomic_init(&churn[t].stop, 0);
+        churn[t].base = 0x100000u * (uintptr_t)(t + 1);
+        assert_int_equal(pthread_create(&threads[t], NULL, churn_run, &churn[t]), 0);
+    }
+    for (int round = 0; round < 20; round++) {
+        Engine_fork_prepare(e);
+        pid_t pid = fork();
+        Engine_fork_release(e);
+        if (pid == 0) {
+            alarm(10);
+            Engine_event(e, CPU, 0x900000, 128, 0, 0, EVENT_REPORT);
+            Engine_event(e, CPU, 0x900000, -1, 0, 0, EVENT_REPORT);
+            _exit(0);
+        }
+        assert_true(pid > 0);
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+    }
+    for (int t = 0; t < 2; t++) {
+        atomic_store(&churn[t].stop, 1);
+        pthread_join(threads[t], NULL);
+    }
+    assert_int_equal(Engine_end(e, CPU, id, &s), 0);
+    assert_int_equal(s.live, 0);
+    Scope_fini(&s);
+    Engine_free(e);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_events_against_scopes_and_a_moving_stack),
         cmocka_unit_test(test_high_water_marks_from_several_threads),
+        cmocka_unit_test(test_a_fork_while_threads_deliver_events),
     };
     return cmocka_run_group_tests_name("concurrency", tests, NULL, NULL);
 }

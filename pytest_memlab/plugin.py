@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from .engine.backend import core, unpark
+from .engine.backend import core, restore, unpark
 from .engine.tracing import tracing
 from .judging.verdicts import MemlabLeakWarning, Verdicts
 from .markers import BAD_MARKER, MARKERS, SPECS, bad_markers, stash_specs
@@ -226,6 +226,7 @@ class MemlabPlugin:
 
     def pytest_unconfigure(self, config):
         unpark()
+        restore()
 
     def pytest_terminal_summary(self, terminalreporter):
         self.session.terminal_summary(terminalreporter)

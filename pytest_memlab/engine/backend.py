@@ -27,7 +27,7 @@ BRIDGE = "bridge"
 COUNTERS = "counters"
 UNAVAILABLE = "unavailable"
 
-__all__ = ["BRIDGE", "COUNTERS", "UNAVAILABLE", "Core", "MemlabCoreError", "MemlabWarning", "core", "unpark"]
+__all__ = ["BRIDGE", "COUNTERS", "UNAVAILABLE", "Core", "MemlabCoreError", "MemlabWarning", "core", "restore", "unpark"]
 
 
 class MemlabWarning(UserWarning):
@@ -73,6 +73,13 @@ def unpark() -> None:
         _core.bridge.unpark()
 
 
+def restore() -> None:
+    """Gives torch back what memlab set in it for the session (its default
+    CPU allocator): at the session's end."""
+    if _core is not None and _core.bridge is not None:
+        _core.bridge.restore_cpu_allocator()
+
+
 def core() -> Core:
     """Chooses the backend on first use (importing torch then) and keeps it."""
     global _core
@@ -111,5 +118,15 @@ def _choose() -> Core:
         )
         return Core(COUNTERS, reason, torch=torch)
     bridge.attach_tracker_when_cuda_starts(torch)
+    bridge.install_cpu_allocator()
+    if bridge.cpu_allocator is not True:
+        warnings.warn(
+            MemlabWarning(
+                "pytest-memlab: the CPU is measured through torch's memory reporter, which hears only the "
+                "threads a measurement runs on (a thread pool's allocations go unheard, a tensor freed on "
+                f"another thread looks leaked): {bridge.cpu_allocator}"
+            ),
+            stacklevel=2,
+        )
     return Core(BRIDGE, f"torch bridge {bridge.path.name}", bridge=bridge, torch=torch)
 

@@ -45,6 +45,12 @@ class Bridge:
                             address(lib.memlab_bridge_set_cpu), address(lib.memlab_bridge_set_tracker),
                             address(totals) if totals is not None else 0)
         self.tracker = None  # None: not tried; True: attached; str: why not
+        self.cpu_allocator = None  # None: not tried; True: installed; str: why not (the reporter hears the CPU)
+        install_cpu = getattr(lib, "memlab_bridge_install_cpu_allocator", None)
+        if install_cpu is not None:
+            install_cpu.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+            install_cpu.restype = ctypes.c_int
+            lib.memlab_bridge_restore_cpu_allocator.restype = ctypes.c_int
         self._hooks_lock = threading.Lock()
         self._hook_users = 0
         self._saved_hooks = None
@@ -163,6 +169,30 @@ class Bridge:
             err = ctypes.create_string_buffer(512)
             rc = self.lib.memlab_bridge_attach_cuda_tracker(err, len(err))
             self.tracker = True if rc == 0 else err.value.decode(errors="replace")
+
+    def install_cpu_allocator(self) -> None:
+        """Makes memlab's CPU allocator torch's (once, before the first CPU
+        measurement): torch's default allocator, which also tells the engine
+        of every thread's allocations and frees.  Where it cannot be (a
+        bridge without it, another allocator already set, MEMLAB_CPU_ALLOCATOR=0),
+        the reporter hears the CPU on the threads it is installed on
+        (:attr:`cpu_allocator` says why; the backend warns once)."""
+        if os.environ.get("MEMLAB_CPU_ALLOCATOR", "1") == "0":
+            self.cpu_allocator = "turned off by MEMLAB_CPU_ALLOCATOR=0"
+            return
+        install = getattr(self.lib, "memlab_bridge_install_cpu_allocator", None)
+        if install is None:
+            self.cpu_allocator = "this bridge has no CPU allocator of its own (an older build)"
+        else:
+            err = ctypes.create_string_buffer(512)
+            rc = install(err, len(err))
+            self.cpu_allocator = True if rc == 0 else err.value.decode(errors="replace") or f"error {rc}"
+
+    def restore_cpu_allocator(self) -> None:
+        """Gives torch its default CPU allocator back (at the session's end)."""
+        if self.cpu_allocator is True:
+            self.lib.memlab_bridge_restore_cpu_allocator()
+            self.cpu_allocator = None
 
     def attach_tracker_when_cuda_starts(self, torch) -> None:
         """Attaches the tracker as CUDA initialises, on whichever thread

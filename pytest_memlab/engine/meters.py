@@ -135,7 +135,10 @@ class EngineMeter:
     def begin(self) -> None:
         bridge = self.core.bridge
         total = reserved = -1
-        if self.slot != 0:
+        if self.slot == 0:
+            if bridge.cpu_allocator is None:   # given back at an earlier session's end
+                bridge.install_cpu_allocator()
+        else:
             torch_cuda = self.core.torch.cuda
             # Never initialise CUDA for a test that may not use it: until it
             # is initialised it holds nothing, and the reporter hears its
