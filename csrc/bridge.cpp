@@ -86,10 +86,7 @@ struct Reporter final : public tpi::ProfilerStateBase {
   // allocator's reporting (a global mutex and a size table per event, on
   // the installed threads only): the path where memlab's own CPU allocator
   // could not be installed.
-  bool memoryProfilingEnabled() const override {
-    return g_cpu.load(std::memory_order_relaxed) &&
-           !g_cpu_own.load(std::memory_order_relaxed);
-  }
+  bool memoryProfilingEnabled() const override;
 };
 
 std::shared_ptr<Reporter> g_reporter;
@@ -103,6 +100,8 @@ std::shared_ptr<Reporter> g_reporter;
 // the deleter they were made with, so installing and restoring never
 // orphans one.  The object lives as long as the process: a storage keeps
 // the allocator it was made with and grows through it.
+// Written once, before the allocator is first published to c10 (a release
+// fence there), read by its methods after they load the allocator's pointer.
 c10::Allocator *g_default_cpu = nullptr;
 c10::DeleterFnPtr g_default_cpu_free = nullptr;
 int g_cpu_priority = -1;   // the priority it was installed at (c10 keeps it)
@@ -129,6 +128,7 @@ struct CpuAllocator final : public c10::Allocator {
 
  private:
   static c10::DataPtr take(size_t n) {
+    std::atomic_thread_fence(std::memory_order_acquire);  // pairs with install's release
     c10::DataPtr dp = g_default_cpu->allocate(n);
     // Only a block whose deleter is the default's own (its context is its
     // data) is taken over; any other would never be heard going, a false
@@ -143,7 +143,16 @@ struct CpuAllocator final : public c10::Allocator {
   }
 };
 
-CpuAllocator *g_cpu_allocator = nullptr;
+std::atomic<CpuAllocator *> g_cpu_allocator{nullptr};
+
+// The reporter hears the CPU where memlab's allocator does not: not
+// installed, or set aside since by another (the mobile allocator a test
+// sets): one load of c10's allocator slot, on the reporter's threads only.
+bool Reporter::memoryProfilingEnabled() const {
+  if (!g_cpu.load(std::memory_order_relaxed)) return false;
+  if (!g_cpu_own.load(std::memory_order_relaxed)) return true;
+  return c10::GetCPUAllocator() != g_cpu_allocator.load(std::memory_order_relaxed);
+}
 
 // c10 keeps a priority per device type and ignores a SetCPUAllocator below
 // it, and the priority can be neither read nor lowered.  Trying 0, 1, ...
@@ -217,9 +226,12 @@ void memlab_bridge_set_cpu(int on) {
 
 int memlab_bridge_install_cpu_allocator(char *err, size_t errlen) {
   try {
-    if (g_cpu_allocator != nullptr && c10::GetCPUAllocator() == g_cpu_allocator) {
+    CpuAllocator *ours = g_cpu_allocator.load();
+    if (ours != nullptr && c10::GetCPUAllocator() == ours) {
+      g_cpu_own.store(true, std::memory_order_relaxed);
       return 0;
     }
+    g_cpu_own.store(false, std::memory_order_relaxed);
     c10::Allocator *current = c10::GetCPUAllocator();
     c10::Allocator *def = c10::GetDefaultCPUAllocator();
     if (current != def) {
@@ -228,16 +240,20 @@ int memlab_bridge_install_cpu_allocator(char *err, size_t errlen) {
                 "allocator, or one of the process's own)");
       return 1;
     }
-    if (g_cpu_allocator == nullptr) {
+    if (ours == nullptr) {
       g_default_cpu = def;
       g_default_cpu_free = def->raw_deleter();
       if (g_default_cpu_free == nullptr) {
         set_error(err, errlen, "torch's default CPU allocator has no deleter to take over");
         return 1;
       }
-      g_cpu_allocator = new CpuAllocator();  // never freed: see above
+      ours = new CpuAllocator();  // never freed: see above
+      // c10's slot is a plain pointer: the fence orders the two pointers
+      // above before it, for threads that allocate through it at once.
+      std::atomic_thread_fence(std::memory_order_release);
+      g_cpu_allocator.store(ours);
     }
-    int priority = set_cpu_allocator_at_its_priority(g_cpu_allocator, 0);
+    int priority = set_cpu_allocator_at_its_priority(ours, 0);
     if (priority < 0) {
       set_error(err, errlen, "c10 did not take the allocator at any priority");
       return -1;
@@ -255,7 +271,9 @@ int memlab_bridge_install_cpu_allocator(char *err, size_t errlen) {
 
 int memlab_bridge_restore_cpu_allocator(void) {
   try {
-    if (g_cpu_allocator == nullptr || c10::GetCPUAllocator() != g_cpu_allocator) {
+    CpuAllocator *ours = g_cpu_allocator.load();
+    if (ours == nullptr || c10::GetCPUAllocator() != ours) {
+      g_cpu_own.store(false, std::memory_order_relaxed);
       return 1;  // not installed, or set aside since (its blocks still free through it)
     }
     // The reporter path until the next install: blocks of memlab's

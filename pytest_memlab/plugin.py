@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from .engine.backend import core, restore, unpark
+from .engine.backend import core, restore, session_started, unpark
 from .engine.tracing import tracing
 from .judging.verdicts import MemlabLeakWarning, Verdicts
 from .markers import BAD_MARKER, MARKERS, SPECS, bad_markers, stash_specs
@@ -61,6 +61,7 @@ class MemlabPlugin:
 
     def __init__(self, config):
         self.config = config
+        session_started()   # undone by pytest_unconfigure's restore()
         self.options = options = Options.from_config(config)
         tracing.scope.configure(config.rootpath, options.include)
         self.session = MemlabSession(config, options)

@@ -73,13 +73,16 @@ def test_a_pool_threads_tensor_counts_and_its_line_is_named(inner):
     assert f["test_thread_frees"]["leaked"] == 0 and f["test_thread_frees"]["kept"] == 0
 
 
-def test_without_memlabs_allocator_the_reporter_hears_the_cpu_and_says_so_once(inner, monkeypatch):
+def test_without_memlabs_allocator_the_reporter_hears_the_cpu_and_the_summary_says_so(inner, monkeypatch):
     monkeypatch.setenv("MEMLAB_CPU_ALLOCATOR", "0")
     inner.makepyfile(test_pool=POOL)
-    result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab-json=r.json", "-W", "default")
+    # warnings as errors: the path is said in the summary, never raised
+    result = inner.runpytest_subprocess("-p", "no:randomly", "-p", "no:asyncio", "--memlab-json=r.json", "-W", "error")
     # the pool's tensor goes unheard there: the budgets pass
     result.assert_outcomes(passed=3)
-    assert result.stdout.str().count("measured through torch's memory reporter, which hears only the threads") == 1
+    assert result.stdout.str().count("the CPU heard through torch's memory reporter, on the threads") == 1
+    result.stdout.fnmatch_lines(["3 tests measured (backend bridge: torch bridge *; the CPU heard through "
+                                 "torch's memory reporter*: turned off by MEMLAB_CPU_ALLOCATOR=0)"])
     f = figures(inner)
     assert f["test_pool"]["peak"] == 0
     # the plain thread's free goes unheard: the block looks kept, and the
@@ -129,12 +132,34 @@ def test_after_it():
 """)
     result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab-json=r.json")
     result.assert_outcomes(passed=2)
+    # while it is set, nothing is heard (torch's mobile allocator reports
+    # to no one); unset, memlab's is back
     assert figures(inner)["test_after_it"]["peak"] == 4 * MiB
 
 
-def test_the_allocator_is_given_back_at_the_sessions_end(inner):
-    from pytest_memlab.engine.backend import core
+def test_an_in_process_session_inside_a_measured_test_leaves_the_allocator(inner):
+    """pytester's in-process run ends a session inside the outer test: the
+    allocator stays memlab's until the outermost session ends, and the
+    outer test's budget still hears a plain thread."""
+    inner.makepyfile(test_outer="""
+import threading
+import pytest, torch
+pytest_plugins = ["pytester"]
 
+@pytest.mark.cpu_memory(max="1MiB")
+def test_outer(pytester):
+    pytester.makepyfile(test_in="def test_in():\\n    pass\\n")
+    pytester.runpytest_inprocess("-p", "no:randomly").assert_outcomes(passed=1)
+    box = []
+    t = threading.Thread(target=lambda: box.append(torch.ones(1 << 20)))
+    t.start(); t.join()
+""")
+    result = inner.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["cpu peak 4.0 MiB exceeds max 1.0 MiB by 3.0 MiB"])
+
+
+def test_the_allocator_is_given_back_at_the_sessions_end(inner):
     inner.makepyfile(test_one="""
 import pytest, torch
 
@@ -142,6 +167,15 @@ import pytest, torch
 def test_one():
     x = torch.ones(1 << 10)
 """)
-    result = inner.runpytest_inprocess("-p", "no:randomly")
-    result.assert_outcomes(passed=1)
-    assert core().bridge.cpu_allocator is None   # given back; installed again at the next CPU measurement
+    script = inner.makepyfile(run_twice="""
+import pytest
+from pytest_memlab.engine.backend import core
+
+for _ in range(2):
+    assert pytest.main(["-q", "-p", "no:randomly", "test_one.py"]) == 0
+    # given back at the session's end; set again by the next one's first CPU measurement
+    print("after a session:", core().bridge.cpu_allocator)
+""")
+    result = inner.runpython(script)
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    assert result.stdout.str().count("after a session: None") == 2

@@ -27,7 +27,7 @@ BRIDGE = "bridge"
 COUNTERS = "counters"
 UNAVAILABLE = "unavailable"
 
-__all__ = ["BRIDGE", "COUNTERS", "UNAVAILABLE", "Core", "MemlabCoreError", "MemlabWarning", "core", "restore", "unpark"]
+__all__ = ["BRIDGE", "COUNTERS", "UNAVAILABLE", "Core", "MemlabCoreError", "MemlabWarning", "core", "restore", "session_started", "unpark"]
 
 
 class MemlabWarning(UserWarning):
@@ -73,10 +73,21 @@ def unpark() -> None:
         _core.bridge.unpark()
 
 
+_sessions = 0   # pytest sessions configured with memlab, nested (pytester's in-process runs)
+
+
+def session_started() -> None:
+    global _sessions
+    _sessions += 1
+
+
 def restore() -> None:
-    """Gives torch back what memlab set in it for the session (its default
-    CPU allocator): at the session's end."""
-    if _core is not None and _core.bridge is not None:
+    """Gives torch back what memlab set in it (its default CPU allocator)
+    at the outermost session's end: an in-process session that a measured
+    test runs (pytester) ends while the outer one still measures."""
+    global _sessions
+    _sessions = max(0, _sessions - 1)
+    if _sessions == 0 and _core is not None and _core.bridge is not None:
         _core.bridge.restore_cpu_allocator()
 
 
@@ -119,14 +130,13 @@ def _choose() -> Core:
         return Core(COUNTERS, reason, torch=torch)
     bridge.attach_tracker_when_cuda_starts(torch)
     bridge.install_cpu_allocator()
+    reason = f"torch bridge {bridge.path.name}"
     if bridge.cpu_allocator is not True:
-        warnings.warn(
-            MemlabWarning(
-                "pytest-memlab: the CPU is measured through torch's memory reporter, which hears only the "
-                "threads a measurement runs on (a thread pool's allocations go unheard, a tensor freed on "
-                f"another thread looks leaked): {bridge.cpu_allocator}"
-            ),
-            stacklevel=2,
-        )
-    return Core(BRIDGE, f"torch bridge {bridge.path.name}", bridge=bridge, torch=torch)
+        # Said once, where the run's summary names the backend (a warning
+        # here would be raised out of the first measured test's setup
+        # where warnings are errors).
+        reason += (f"; the CPU heard through torch's memory reporter, on the threads a measurement runs on "
+                   f"only (a thread pool's tensors go unheard, one freed on another thread looks kept): "
+                   f"{bridge.cpu_allocator}")
+    return Core(BRIDGE, reason, bridge=bridge, torch=torch)
 

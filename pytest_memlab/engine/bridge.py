@@ -191,8 +191,10 @@ class Bridge:
     def restore_cpu_allocator(self) -> None:
         """Gives torch its default CPU allocator back (at the session's end)."""
         if self.cpu_allocator is True:
-            self.lib.memlab_bridge_restore_cpu_allocator()
-            self.cpu_allocator = None
+            rc = self.lib.memlab_bridge_restore_cpu_allocator()
+            # 1: another allocator was set over memlab's since (the mobile
+            # one): torch's business; the reporter hears the CPU meanwhile
+            self.cpu_allocator = None if rc == 0 else "another CPU allocator was set over memlab's"
 
     def attach_tracker_when_cuda_starts(self, torch) -> None:
         """Attaches the tracker as CUDA initialises, on whichever thread
