@@ -170,24 +170,23 @@ def main() -> int:
             runs.append(([*pytest_args, "-p", "memlab_shard", *(x.replace("{shard}", str(i)) for x in extra)], env,
                          work / f"{name}.{i}.log"))
         rc, took = run(suite, runs, left)
-        if report is not None:
-            merge_reports([Path(str(report).replace("{shard}", str(i))) for i in range(shards)],
+        parts = [str(i) for i in range(shards)]
+        if report is not None and "{shard}" in str(report):
+            merge_reports([Path(str(report).replace("{shard}", i)) for i in parts],
                           Path(str(report).replace(".{shard}", "")))
             report = Path(str(report).replace(".{shard}", ""))
         if baseline_out is not None:
-            merge_baselines([Path(str(baseline_out).replace("{shard}", str(i))) for i in range(shards)],
+            merge_baselines([Path(str(baseline_out).replace("{shard}", i)) for i in parts],
                             Path(str(baseline_out).replace(".{shard}", "")))
-        text = [line for _, _, log in runs for line in log.read_text().strip().splitlines()[-1:]] or [""]
-        tail = " / ".join(text)
+        tail = " / ".join(line for _, _, log in runs for line in log.read_text().strip().splitlines()[-1:])
         print(f"{label}: exit {rc}, {took:.1f} s: {tail}", flush=True)
         if rc not in (0, 1):
             print("\n".join(runs[0][2].read_text().strip().splitlines()[-25:]), flush=True)
-        tail = [tail]
         if report is None or not report.exists():
-            rows.append((label, rc, took, tail[0], None))
+            rows.append((label, rc, took, tail, None))
             return None
         c = changes(report)
-        rows.append((label, rc, took, tail[0], c))
+        rows.append((label, rc, took, tail, c))
         return c
 
     serial_bl, xdist_bl = work / "serial.json", work / "xdist.json"

@@ -67,8 +67,6 @@ def main() -> int:
             runs[name].append(took)
             if n:
                 events[name] = n
-        bridge.cpu_allocator = None
-        bridge.install_cpu_allocator()
     base = statistics.median(runs["unmeasured"])
     lines = [f"{a.ops} iterations of `y = x * 2; y = y + 1` on 64 floats, {a.rounds} rounds alternating, "
              f"medians (torch {torch.__version__}):", "",

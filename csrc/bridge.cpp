@@ -271,14 +271,13 @@ int memlab_bridge_install_cpu_allocator(char *err, size_t errlen) {
 
 int memlab_bridge_restore_cpu_allocator(void) {
   try {
-    CpuAllocator *ours = g_cpu_allocator.load();
-    if (ours == nullptr || c10::GetCPUAllocator() != ours) {
-      g_cpu_own.store(false, std::memory_order_relaxed);
-      return 1;  // not installed, or set aside since (its blocks still free through it)
-    }
     // The reporter path until the next install: blocks of memlab's
     // allocator still free through it, heard while CPU events are on.
     g_cpu_own.store(false, std::memory_order_relaxed);
+    CpuAllocator *ours = g_cpu_allocator.load();
+    if (ours == nullptr || c10::GetCPUAllocator() != ours) {
+      return 1;  // not installed, or set aside since (its blocks still free through it)
+    }
     return set_cpu_allocator_at_its_priority(g_default_cpu, g_cpu_priority) < 0 ? -1 : 0;
   } catch (...) {
     return -1;

@@ -1,4 +1,5 @@
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -95,6 +96,13 @@ def inner(pytester):
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider -p no:randomly\n")
     os.environ.setdefault("MEMLAB_CORE", os.environ.get("MEMLAB_CORE", "auto"))
     return pytester
+
+
+def device_figures(pytester, name: str = "r.json", device: str = "cpu") -> dict:
+    """A run's JSON report (written with --memlab-json=NAME): each test's
+    figures on one device, by the test's name."""
+    return {t["nodeid"].split("::")[-1]: t["devices"][device]
+            for t in json.loads(pytester.path.joinpath(name).read_text())["tests"]}
 
 
 def line_no(path, text: str) -> int:

@@ -1,12 +1,10 @@
 """CUDA tests: run by ci/gpu on the GPU machine (skipped without CUDA)."""
 
-import json
-import os
 import threading
 
 import pytest
 
-from conftest import MiB, line_no, requires_cuda
+from conftest import MiB, device_figures, line_no, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -142,7 +140,7 @@ def test_the_first_test_to_use_cuda_counts_as_the_tests_after_it(inner):
     (measured on timm: a test 2% larger when it ran first)."""
     inner.makepyfile(
         """
-        import json, os, torch
+        import torch
         MiB = 2**20
 
         def _alloc():
@@ -158,21 +156,20 @@ def test_the_first_test_to_use_cuda_counts_as_the_tests_after_it(inner):
     )
     result = inner.runpytest_subprocess("-v", "--memlab", "--memlab-json=r.json")
     result.assert_outcomes(passed=2)
-    report = json.loads((inner.path / "r.json").read_text())
-    peaks = {t["nodeid"].split("::")[-1]: t["devices"]["cuda:0"] for t in report["tests"]}
+    peaks = device_figures(inner, "r.json", "cuda:0")
     assert peaks["test_first"]["peak"] == peaks["test_second"]["peak"] == 23 * MiB // 2
     # the device's figure stays the allocator's: the block
     assert peaks["test_first"]["peak_total"] == 12 * MiB
 
 
-def test_a_pool_thread_first_to_touch_cuda_is_heard(inner):
+def test_a_pool_thread_first_to_touch_cuda_is_heard(inner, monkeypatch):
     """CUDA first initialised on a ThreadPoolExecutor worker (no reporter
     there): its 16 MiB is heard from its first allocation, the total peak
     equals max_memory_allocated, and the 8 MiB budget fails naming the
     line that took the worker's tensor."""
     inner.makepyfile(
         """
-        import json, os, pytest, torch
+        import os, pytest, torch
         from concurrent.futures import ThreadPoolExecutor
 
         @pytest.mark.cuda_memory(max="8M")
@@ -185,14 +182,11 @@ def test_a_pool_thread_first_to_touch_cuda_is_heard(inner):
         """
     )
     out = inner.path / "max.txt"
-    os.environ["MAX_OUT"] = str(out)
-    try:
-        result = inner.runpytest_subprocess("-v", "--memlab-json=r.json")
-    finally:
-        del os.environ["MAX_OUT"]
+    monkeypatch.setenv("MAX_OUT", str(out))
+    result = inner.runpytest_subprocess("-v", "--memlab-json=r.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*cuda:0 peak 16.0 MiB exceeds max 8.0 MiB*", "*x = pool.submit(torch.ones*"])
-    figures = json.loads((inner.path / "r.json").read_text())["tests"][0]["devices"]["cuda:0"]
+    figures = device_figures(inner, "r.json", "cuda:0")["test_pool"]
     assert figures["peak_total"] == int(out.read_text()) == 16 * MiB
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import requires_torch
+from conftest import device_figures, requires_torch
 
 pytestmark = requires_torch
 
@@ -82,15 +82,10 @@ def suite(pytester, monkeypatch):
     return pytester
 
 
-def _report(pytester, name):
-    return {t["nodeid"].split("::")[-1]: t["devices"]["cpu"]
-            for t in json.loads(pytester.path.joinpath(name).read_text())["tests"]}
-
-
 def test_first_use_is_its_own_figure_and_left_out_of_the_peak(suite):
     result = suite.runpytest_subprocess("--memlab", "-p", "no:randomly", "--memlab-json=r.json")
     result.assert_outcomes(passed=7)
-    r = _report(suite, "r.json")
+    r = device_figures(suite)
     first = r["test_uses_the_table[0]"]      # the first to need the table: fills it
     assert first["first_use"] == 6 * MiB
     assert first["kept"] == 6 * MiB
@@ -144,7 +139,7 @@ def test_a_baseline_written_in_one_order_compares_clean_in_another(suite, monkey
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0, result.stdout.str()
     assert "regressed" not in result.stdout.str()
-    for name, d in _report(suite, "r.json").items():
+    for name, d in device_figures(suite).items():
         assert d["baseline"] == "same", (name, d)
     # and a real growth of one line still fails, naming that line first
     monkeypatch.setenv("GROW", str(3 * MiB))
@@ -247,8 +242,7 @@ def test_cuda_library_first_use_is_left_out_and_named(pytester, monkeypatch):
     write = pytester.runpytest_subprocess("--memlab", "-p", "no:randomly", "--memlab-baseline=bl.json",
                                           "--memlab-update-baseline", "--memlab-json=w.json")
     write.assert_outcomes(passed=4)
-    w = {t["nodeid"].split("::")[-1]: t["devices"]["cuda:0"]
-         for t in json.loads(pytester.path.joinpath("w.json").read_text())["tests"]}
+    w = device_figures(pytester, "w.json", "cuda:0")
     print(json.dumps(w, indent=1))
     first = w["test_first_matmul"]
     size = getattr(torch._C, "_cuda_getCublasWorkspaceSize", lambda: 0)()
@@ -264,8 +258,7 @@ def test_cuda_library_first_use_is_left_out_and_named(pytester, monkeypatch):
     compare = pytester.runpytest_subprocess("--memlab", "-p", "no:randomly", "--memlab-baseline=bl.json",
                                             "--memlab-json=r.json")
     compare.assert_outcomes(passed=4)
-    r = {t["nodeid"].split("::")[-1]: t["devices"]["cuda:0"]
-         for t in json.loads(pytester.path.joinpath("r.json").read_text())["tests"]}
+    r = device_figures(pytester, "r.json", "cuda:0")
     print(json.dumps(r, indent=1))
     if os.environ.get("OUT"):   # ci/gpu: the figures come back with the logs
         Path(os.environ["OUT"], "first_use_cuda.json").write_text(json.dumps({"written": w, "reversed": r,

@@ -2,12 +2,9 @@
 allocator hears a thread pool's allocations and a plain thread's frees; the
 reporter path stays, said once, where the allocator is not installed."""
 
-import json
 import sys
 
-import pytest
-
-from conftest import MiB, line_no, requires_torch
+from conftest import MiB, device_figures, line_no, requires_torch
 
 pytestmark = requires_torch
 
@@ -37,11 +34,6 @@ def test_thread_frees():
 """
 
 
-def figures(pytester, name="r.json"):
-    report = json.loads((pytester.path / name).read_text())
-    return {t["nodeid"].split("::")[-1]: t["devices"]["cpu"] for t in report["tests"]}
-
-
 def test_a_pool_threads_tensor_counts_and_its_line_is_named(inner):
     inner.makepyfile(test_pool=POOL)
     result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab-json=r.json")
@@ -65,7 +57,7 @@ def test_a_pool_threads_tensor_counts_and_its_line_is_named(inner):
     else:
         result.stdout.fnmatch_lines([f"*16.0 MiB 100%*test_pool.py:{python_line} test_pool_runs_python: "
                                      "x = pool.submit(make, 4 << 20).result()*"])
-    f = figures(inner)
+    f = device_figures(inner)
     assert f["test_pool"]["peak"] == f["test_pool"]["peak_total"] == 16 * MiB
     assert f["test_pool_runs_python"]["peak"] == 16 * MiB
     # the tensor freed by a plain thread is gone: no leak, nothing kept
@@ -83,7 +75,7 @@ def test_without_memlabs_allocator_the_reporter_hears_the_cpu_and_the_summary_sa
     assert result.stdout.str().count("the CPU heard through torch's memory reporter, on the threads") == 1
     result.stdout.fnmatch_lines(["3 tests measured (backend bridge: torch bridge *; the CPU heard through "
                                  "torch's memory reporter*: turned off by MEMLAB_CPU_ALLOCATOR=0)"])
-    f = figures(inner)
+    f = device_figures(inner)
     assert f["test_pool"]["peak"] == 0
     # the plain thread's free goes unheard: the block looks kept, and the
     # own peak leaves what a test keeps out
@@ -107,7 +99,7 @@ def test_profiles_memory():
 """)
     result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab-json=r.json")
     result.assert_outcomes(passed=1)
-    assert figures(inner)["test_profiles_memory"]["peak"] >= 8 * MiB
+    assert device_figures(inner)["test_profiles_memory"]["peak"] >= 8 * MiB
 
 
 def test_the_mobile_allocator_set_inside_a_test_is_torchs_business(inner):
@@ -134,7 +126,7 @@ def test_after_it():
     result.assert_outcomes(passed=2)
     # while it is set, nothing is heard (torch's mobile allocator reports
     # to no one); unset, memlab's is back
-    assert figures(inner)["test_after_it"]["peak"] == 4 * MiB
+    assert device_figures(inner)["test_after_it"]["peak"] == 4 * MiB
 
 
 def test_an_in_process_session_inside_a_measured_test_leaves_the_allocator(inner):

@@ -176,7 +176,8 @@ class Bridge:
         of every thread's allocations and frees.  Where it cannot be (a
         bridge without it, another allocator already set, MEMLAB_CPU_ALLOCATOR=0),
         the reporter hears the CPU on the threads it is installed on
-        (:attr:`cpu_allocator` says why; the backend warns once)."""
+        (:attr:`cpu_allocator` says why; the backend's reason, in the run's
+        summary, repeats it)."""
         if os.environ.get("MEMLAB_CPU_ALLOCATOR", "1") == "0":
             self.cpu_allocator = "turned off by MEMLAB_CPU_ALLOCATOR=0"
             return
