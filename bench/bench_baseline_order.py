@@ -129,6 +129,9 @@ def main() -> int:
                    help="which steps: write (serial), reverse (serial compare reversed), xdist, inject")
     p.add_argument("--baseline-in", help="a serial baseline written before (a call of its own): no write step")
     p.add_argument("--baseline-out", help="where to copy the serial baseline written (for a later call)")
+    p.add_argument("--xdist-baseline-in", help="an -n N baseline written before (a call of its own): no -n write")
+    p.add_argument("--xdist-baseline-out", help="where to copy the -n N baseline written (for a later call)")
+    p.add_argument("--xdist-compares", type=int, default=2, help="how many -n N compares after the write")
     p.add_argument("--inject-k", default="", help="the injected run's own -k (a subset that uses the code)")
     p.add_argument("--inject", nargs=3, metavar=("FILE", "AFTER", "NEW"))
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all the runs together")
@@ -193,6 +196,8 @@ def main() -> int:
     steps = set(a.steps.split(","))
     if a.baseline_in:
         shutil.copyfile(a.baseline_in, serial_bl)
+    if a.xdist_baseline_in:
+        shutil.copyfile(a.xdist_baseline_in, xdist_bl)
     compared = []
     if "write" in steps:
         part = work / "serial.{shard}.json"
@@ -208,8 +213,11 @@ def main() -> int:
         compared.append(c)
     if a.xdist and "xdist" in steps:
         n = ["-n", str(a.xdist), "-p", "no:randomly"]
-        step(f"-n {a.xdist} write", [*n, f"--memlab-baseline={xdist_bl}", "--memlab-update-baseline"], None)
-        for k in (1, 2):
+        if not a.xdist_baseline_in:
+            step(f"-n {a.xdist} write", [*n, f"--memlab-baseline={xdist_bl}", "--memlab-update-baseline"], None)
+            if a.xdist_baseline_out and xdist_bl.exists():
+                shutil.copyfile(xdist_bl, a.xdist_baseline_out)
+        for k in range(1, a.xdist_compares + 1):
             compared.append(step(f"-n {a.xdist} compare {k}", [*n, f"--memlab-baseline={xdist_bl}",
                                                                f"--memlab-json={work / f'x{k}.json'}"],
                                  work / f"x{k}.json"))

@@ -247,9 +247,11 @@ def test_cuda_library_first_use_is_left_out_and_named(pytester, monkeypatch):
     first = w["test_first_matmul"]
     size = getattr(torch._C, "_cuda_getCublasWorkspaceSize", lambda: 0)()
     # unmarked (--memlab): the leak check tells first use at the session's
-    # end, where a block no tensor owns may have been freed unheard: kept,
-    # left out of the peak, not named
+    # end, where a block no tensor owns may have been freed unheard: the
+    # allocator's snapshot says the workspace is still allocated
     assert first["kept"] == (size or 32 * 2**20) and first["leaked"] == 0
+    assert first["first_use"] == first["kept"], first
+    assert any("cuBLAS" in h or "outside Python" in h for h in first["first_use_held"]), first
     assert first["peak"] == first["peak_with_kept"] - first["kept"] or first["peak"] < first["peak_with_kept"]
     assert first["peak"] == 2 * 256 * 256 * 4     # a and b: the workspace is not the test's
     assert w["test_second_matmul"]["first_use"] == 0
@@ -265,3 +267,5 @@ def test_cuda_library_first_use_is_left_out_and_named(pytester, monkeypatch):
                                                                              "cublas_workspace": size}, indent=1))
     assert {n: d["baseline"] for n, d in r.items()} == {n: "same" for n in r}
     assert r["test_first_matmul"]["peak"] == first["peak"]
+    # reversed, the workspace is the other matmul's first use
+    assert r["test_second_matmul"]["first_use"] == first["kept"] and r["test_first_matmul"]["first_use"] == 0

@@ -69,7 +69,9 @@ def test_without_memlabs_allocator_the_reporter_hears_the_cpu_and_the_summary_sa
     monkeypatch.setenv("MEMLAB_CPU_ALLOCATOR", "0")
     inner.makepyfile(test_pool=POOL)
     # warnings as errors: the path is said in the summary, never raised
-    result = inner.runpytest_subprocess("-p", "no:randomly", "-p", "no:asyncio", "--memlab-json=r.json", "-W", "error")
+    # (pytest-benchmark, where installed, warns of its own under xdist)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "-p", "no:asyncio", "-p", "no:benchmark",
+                                        "--memlab-json=r.json", "-W", "error")
     # the pool's tensor goes unheard there: the budgets pass
     result.assert_outcomes(passed=3)
     assert result.stdout.str().count("the CPU heard through torch's memory reporter, on the threads") == 1

@@ -147,21 +147,24 @@ def find(core, device: str, blocks, allowed: int, top: int, started: float | Non
 def find_many(core, device: str, groups: list, started: float | None = None,
               excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset(),
               seconds: float = HOLDER_SECONDS, deferred: bool = False,
-              params: dict[int, str] | None = None) -> list[Leak]:
+              params: dict[int, str] | None = None, alive: frozenset | None = None) -> list[Leak]:
     """A Leak per group (blocks, allowed) of device, from one scan of the
     live tensors and one holder search for all of them (a batch of suspects
     costs what one does).  deferred: the groups' tests ended a while ago,
     while memlab did not hear every free (between measurements): a block no
     Python tensor owns may have been freed unheard, so such bytes count
     only where a tensor of the same group retains an autograd graph (whose
-    saved tensors they are).  The process is settled beforehand
-    (:func:`settle`).  params: :func:`parameter_roots`."""
-    return _find_many(core, device, groups, started, excused, ignore_ids, seconds, deferred, params=params)
+    saved tensors they are), or where alive (:func:`allocated_blocks`)
+    says the allocator still holds them allocated.  The process is settled
+    beforehand (:func:`settle`).  params: :func:`parameter_roots`."""
+    return _find_many(core, device, groups, started, excused, ignore_ids, seconds, deferred, params=params,
+                      alive=alive)
 
 
 def find_held(core, device: str, groups: list, started: float | None = None,
               excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset(),
-              seconds: float = HOLDER_SECONDS, params: dict[int, str] | None = None) -> list[Leak] | None:
+              seconds: float = HOLDER_SECONDS, params: dict[int, str] | None = None,
+              alive: frozenset | None = None) -> list[Leak] | None:
     """find_many for deferred groups in a process not settled: the Leaks
     where every tensor found in the groups' blocks is proven held, by a
     path from a module's globals, or from a class or a function that its
@@ -172,12 +175,13 @@ def find_held(core, device: str, groups: list, started: float | None = None,
     suspects at its end are mostly caches and true leaks in module
     globals: this spares the full collection, the largest part of the
     end's cost on a large heap."""
-    return _find_many(core, device, groups, started, excused, ignore_ids, seconds, True, proof=True, params=params)
+    return _find_many(core, device, groups, started, excused, ignore_ids, seconds, True, proof=True, params=params,
+                      alive=alive)
 
 
 def _find_many(core, device: str, groups: list, started: float | None, excused: set[int],
                ignore_ids: set[int], seconds: float, deferred: bool, proof: bool = False,
-               params: dict[int, str] | None = None) -> list[Leak] | None:
+               params: dict[int, str] | None = None, alive: frozenset | None = None) -> list[Leak] | None:
     torch = core.torch
     leaks, by_site, starts = [], [], []
     for g, (blocks, allowed) in enumerate(groups):
@@ -254,8 +258,9 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
             # the session's end, freed while memlab did not listen (between
             # tests: a function fixture's value that pytest dropped after
             # teardown, garbage the end's collection freed).  Not evidence
-            # of a leak either way; first use only where memlab listened.
-            if not deferred:
+            # of a leak either way; first use only where memlab listened,
+            # or where the allocator says the block is still allocated.
+            if not deferred or (alive is not None and addr in alive):
                 leaks[g].outside += unowned
                 by_site[g][site].outside += unowned
             gone += unowned
@@ -268,6 +273,34 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         leak.sites = sorted((s for s in sites.values() if s.bytes > 0), key=lambda s: -s.bytes)
         leak.outside_sites = sorted((s for s in sites.values() if s.outside > 0), key=lambda s: -s.outside)
     return leaks
+
+
+def allocated_blocks(torch, device: str) -> frozenset | None:
+    """The start addresses of the blocks that CUDA's caching allocator
+    holds allocated on device now, from its snapshot (read only: nothing
+    is freed, emptied or recorded), or None where it cannot say (the CPU,
+    CUDA not started, another allocator backend).  At the session's end it
+    tells a library's workspace, still allocated, from a block freed while
+    memlab did not listen."""
+    if torch is None or device == CPU:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        index = cuda_index(device)
+        out = set()
+        for seg in torch.cuda.memory_snapshot():
+            if seg.get("device") != index:
+                continue
+            addr = seg["address"]   # blocks follow each other in the segment, in address order
+            for block in seg.get("blocks", ()):
+                start = block.get("address", addr)
+                if block.get("state") == "active_allocated":
+                    out.add(start)
+                addr = start + block["size"]
+        return frozenset(out)
+    except Exception:   # an allocator backend without a snapshot: not known
+        return None
 
 
 def released_by_pytest(item, failure=None, limit: int = 20000) -> tuple[set[int], set[int]]:

@@ -16,8 +16,9 @@ memlab hears frees only while it measures, so a suspect's block may have
 been freed unheard between tests, and its address reused.  Two guards: the
 engine watches the suspects' addresses, and a block at whose address an
 allocation or a free was heard since is dropped; at the end, bytes no
-Python tensor owns count only where a tensor of the same test retains an
-autograd graph.
+Python tensor owns count as a leak only where a tensor of the same test
+retains an autograd graph, and as first use where CUDA's caching allocator
+still holds the block allocated (its snapshot: a library's workspace).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class LeakSuspects:
         """[(suspect, Leak)] for every suspect: the Leak's bytes are what
         is still held (0: nothing was).  params: the session's parameter
         values (leak_search.parameter_roots), roots of the holder search."""
-        from .leak_search import find_held, find_many, released_by_pytest, settle
+        from .leak_search import allocated_blocks, find_held, find_many, released_by_pytest, settle
 
         started = time.perf_counter()
         self._drop_gone()
@@ -95,13 +96,16 @@ class LeakSuspects:
             return out
         by_device = {d: [s for s in suspects if s.device == d] for d in sorted({s.device for s in suspects})}
         excused, look_past = released_by_pytest(None)   # the last failure's traceback: pytest's
+        # Which blocks no tensor owns are still allocated (a library's
+        # workspace: first use), where the allocator can say.
+        alive = {d: allocated_blocks(core.torch, d) for d in by_device}
         # First without a collection: held from a module's globals is held.
         # Half the holder search's time for it, so that a search it cannot
         # finish leaves the settled one the rest.
         unsettled = []
         for device, group in by_device.items():
             leaks = find_held(core, device, [(s.blocks, s.allowed) for s in group], started,
-                              excused, look_past, seconds=seconds / 2, params=params)
+                              excused, look_past, seconds=seconds / 2, params=params, alive=alive[device])
             if leaks is None:
                 unsettled.append(device)
             else:
@@ -111,7 +115,9 @@ class LeakSuspects:
             excused, look_past = released_by_pytest(None)
             for device in unsettled:
                 group = by_device[device]
+                alive[device] = allocated_blocks(core.torch, device)   # the collection freed some
                 leaks = find_many(core, device, [(s.blocks, s.allowed) for s in group], started,
-                                  excused, look_past, seconds=seconds, deferred=True, params=params)
+                                  excused, look_past, seconds=seconds, deferred=True, params=params,
+                                  alive=alive[device])
                 out += zip(group, leaks)
         return sorted(out, key=lambda pair: pair[0].seq)
