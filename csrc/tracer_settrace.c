@@ -23,6 +23,26 @@ PyObject *Tracer_mon_throw(PyObject *m, PyObject *const *a, Py_ssize_t n)
 PyObject *Tracer_mon_line(PyObject *m, PyObject *const *a, Py_ssize_t n)
 { (void)m; (void)a; (void)n; Py_RETURN_NONE; }
 
+/* A frame's f_trace_lines, written in place: PyObject_SetAttrString made a
+ * string and looked the member up on every call of out-of-scope code, the
+ * largest part of the tracer's cost on a suite whose tests call much
+ * library code.  3.10 declares the frame's struct; 3.11 keeps it internal,
+ * with the same leading fields for every 3.11 release (mirrored here). */
+#if PY_VERSION_HEX >= 0x030B0000
+typedef struct {
+    PyObject_HEAD
+    PyFrameObject *f_back;
+    void *f_frame;
+    PyObject *f_trace;
+    int f_lineno;
+    char f_trace_lines;
+} FrameHead;
+#define FRAME_TRACE_LINES(frame) (((FrameHead *)(frame))->f_trace_lines)
+#else
+#include <frameobject.h>
+#define FRAME_TRACE_LINES(frame) ((frame)->f_trace_lines)
+#endif
+
 static int
 trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
 {
@@ -56,9 +76,7 @@ trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     if (lines_off) {
         /* Out of scope, or running since before tracing began: no line
          * events from this frame. */
-        if (PyObject_SetAttrString((PyObject *)frame, "f_trace_lines",
-                                   Py_False) < 0)
-            Tracer_store_error();
+        FRAME_TRACE_LINES(frame) = 0;
     }
     Py_DECREF(code);
     in_callback = 0;
