@@ -130,6 +130,46 @@ def test_mp():
     assert all(p["rank"] is None for p in procs)
 
 
+LEAVES_RANK = """
+import os
+
+def test_leaves_rank():
+    os.environ["RANK"] = "0"   # as a real distributed suite's test does, and leaves it
+"""
+
+
+@pytest.mark.parametrize("files", [["test_kids.py"], ["test_rank.py", "test_kids.py"],
+                                   ["test_kids.py", "test_rank.py"]], ids=["alone", "after", "before"])
+def test_a_rank_an_earlier_test_left_is_no_childs_rank(inner, monkeypatch, files):
+    """RANK set by an earlier test and left in the environment is inherited
+    by every later child: no rank of theirs.  Their labels, and the test's
+    baseline entries, are the same with or without that test, in either
+    order."""
+    monkeypatch.setenv("RANK", "-")
+    monkeypatch.delenv("RANK")   # the in-process runs share os.environ: undone after
+    inner.makepyfile(test_rank=LEAVES_RANK, test_kids=HEADER + '''
+def child(n):
+    x = own(n)
+
+def test_mp():
+    ctx = mp.get_context("fork")
+    ps = [ctx.Process(target=child, args=((i + 1) * MiB,)) for i in range(2)]
+    for p in ps:
+        p.start()
+        p.join()
+    assert [p.exitcode for p in ps] == [0, 0]
+''')
+    result = inner.runpytest_inprocess(*files, "-p", "no:randomly", "--memlab-json=r.json",
+                                       "--memlab-baseline=bl.json", "--memlab-update-baseline")
+    assert result.ret == 0, result.stdout.str()
+    procs, test = processes(json.loads((inner.path / "r.json").read_text()), "test_mp")
+    assert peaks(procs) == {"process 0": 1 * MiB, "process 1": 2 * MiB}, procs
+    assert [p["rank"] for p in procs] == [None, None]
+    entries = json.loads((inner.path / "bl.json").read_text())["tests"]["test_kids.py::test_mp"]
+    assert sorted(entries) == ["cpu"], entries   # no rank entry: none is a rank
+    result.stdout.fnmatch_lines(["  cpu own peak: process 0 1.0 MiB, process 1 2.0 MiB; max 2.0 MiB (process 1)*"])
+
+
 def test_a_forkserver_that_outlives_its_test_measures_each_test_into_its_own(inner):
     """The forkserver starts in the first test, with its environment; the
     second test's children are the second test's, and a test that is not

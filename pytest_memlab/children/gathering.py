@@ -12,6 +12,7 @@ import atexit
 import itertools
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -79,7 +80,7 @@ class ChildWatch:
         self.rootdir = str(rootdir)
         self.include = list(include or ())
         self.top = top
-        self._prefix: dict[tuple, str] = {}   # devices -> the variable's value up to the folder
+        self._prefix: dict[tuple, str] = {}   # (devices, RANK) -> the variable's value up to the folder
         self._before = os.environ.get(ENV)    # a session inside a measured child keeps its own
         self._sep = ""                         # the root's and the separator's JSON text, made once
 
@@ -95,11 +96,14 @@ class ChildWatch:
             plain = json.dumps(self.root) == f'"{self.root}"' and json.dumps(os.sep) == f'"{os.sep}"'
             self._sep = self.root + os.sep if plain else ""
         startup.measure_forks()
-        key = tuple(devices)
+        # RANK as the test's process has it now: an earlier test may have
+        # set it and left it, and a child that inherits it is no rank
+        parent_rank = os.environ.get("RANK")
+        key = (tuple(devices), parent_rank)
         prefix = self._prefix.get(key)
         if prefix is None:
-            text = json.dumps({"devices": list(key), "rootdir": self.rootdir, "include": self.include,
-                               "version": __version__, "top": self.top, "parent_rank": os.environ.get("RANK"),
+            text = json.dumps({"devices": list(devices), "rootdir": self.rootdir, "include": self.include,
+                               "version": __version__, "top": self.top, "parent_rank": parent_rank,
                                "dir": ""})
             prefix = self._prefix[key] = text[:-3]   # ...'"dir": ' + the folder + '}'
         # Per measured test: a few microseconds, spent where nothing else
@@ -151,15 +155,24 @@ class ChildWatch:
         except FileNotFoundError:
             return []
         children = [read(os.path.join(armed[0], n)) for n in names if n.endswith(".json")]
+        children.sort(key=lambda c: (c.rank is None, c.rank if c.rank is not None else 0, c.pid))
+        # multiprocessing's own names count every process the test's
+        # process ever started ("ForkProcess-7" after six earlier ones):
+        # within the test, in the order they started, they are process 0, 1, ...
+        unnamed = [c for c in children if _MP_DEFAULT_NAME.match(c.label)]
+        for i, c in enumerate(unnamed):
+            c.label = f"process {i}"
         if done_only:
             children = [c for c in children if c.state == "done"]
-        children.sort(key=lambda c: (c.rank is None, c.rank if c.rank is not None else 0, c.pid))
         return children
 
     def close(self) -> None:
         """The session ends: nothing of a later test's goes to a forkserver's children."""
         if self.root is not None and _forkserver_lives():
             self._tell_forkserver("")
+
+
+_MP_DEFAULT_NAME = re.compile(r"(?:[A-Z][A-Za-z]*)?Process-\d+(?::\d+)*\Z")
 
 
 def read(path: str) -> ChildFigures:
