@@ -99,7 +99,11 @@ def test_a_budget_applies_to_each_rank_and_the_failure_names_the_rank(inner):
     result.stdout.fnmatch_lines([
         "*_ test_spawn _*",
         "rank 1 (pid *): cpu peak 2.0 MiB exceeds max 1.5 MiB by 512.0 KiB",
-        "     2.5 MiB  allocated at test_kids.py:* own",
+        # as the test's own failure reads: what was live at the child's
+        # peak (its first tensor), not what its lines allocated over its life
+        "  live at the peak, by the line that allocated it (user call chain):",
+        "       2.0 MiB 100%  test_kids.py:* own: x = torch.empty(n, dtype=torch.uint8)",
+        "                         <- test_kids.py:* work: x = own((rank + 1) * MiB)",
         "  every process's peak on cpu: rank 0 1.0 MiB, rank 1 2.0 MiB",
         "  exactly 2097152 B against 1572864 B",
     ])

@@ -39,6 +39,7 @@ class ChildFigures:
     why: str = ""                   # what is missing, and why
     devices: dict = field(default_factory=dict)   # device -> DeviceFigures
     top: dict = field(default_factory=dict)       # device -> heaviest lines [{file, line, function, bytes, peak_total}]
+    at_peak: dict = field(default_factory=dict)   # device -> live at its peak by site [{bytes, chain: [frame]}]
     own: bool = False               # the test's own process (rank 0 under torchrun), listed among the ranks
 
     def as_dict(self) -> dict:
@@ -220,6 +221,7 @@ def read_devices(child: ChildFigures, devices: dict) -> None:
             device, True, backend="bridge", peak=d.get("peak"), peak_total=d.get("peak_total"),
             reserved_peak=d.get("reserved_peak"), live=d.get("live"), allocs=d.get("allocs"), frees=d.get("frees"))
         child.top[device] = list(d.get("top") or [])
+        child.at_peak[device] = list(d.get("at_peak") or [])
 
 
 def _forkserver_lives() -> bool:

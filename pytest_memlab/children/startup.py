@@ -228,11 +228,16 @@ def devices_record(figures: dict, top: int) -> dict:
             devices[device] = {"measured": False, "reason": f.reason}
             continue
         lines = sorted((ln for ln in f.lines if ln.allocated > 0), key=lambda ln: -ln.allocated)
+        # what was live at its peak, by site: a failure over a budget
+        # reads like the test's own
+        at_peak = [{"bytes": e.bytes, "chain": [{**fr.as_dict(), "path": fr.path} for fr in e.chain]}
+                   for e in (f.attribution.at_peak[:top] if f.attribution is not None and f.peak else ())]
         devices[device] = {
             "peak": f.peak, "peak_total": f.peak_total, "reserved_peak": f.reserved_peak,
             "live": f.live, "allocs": f.allocs, "frees": f.frees,
             "top": [{**ln.frame.as_dict(), "bytes": ln.allocated, "peak_total": ln.peak_total}
                     for ln in lines[:top]],
+            "at_peak": at_peak,
         }
     return devices
 

@@ -4,7 +4,14 @@ warning texts, diagnosis first.  The terminal summary is
 
 from __future__ import annotations
 
+from ..engine.attribution import Frame, SiteBytes
 from ..sizes import format_size, plural
+
+
+def _frame(d: dict) -> Frame:
+    """A frame a child process wrote (file as shown, absolute path, line, function)."""
+    return Frame(str(d.get("file", "")), str(d.get("path") or d.get("file", "")), int(d.get("line", 0)),
+                 str(d.get("function", "")))
 
 
 def describe_attribution(attribution, peak: int, top: int, context: str = "") -> list[str]:
@@ -26,6 +33,16 @@ def describe_attribution(attribution, peak: int, top: int, context: str = "") ->
     else:   # the peak without what it kept came at another moment than the one the lines were taken
         lines.append("  live at its peak counting what it kept past teardown, less that, by the line "
                      "that allocated it (user call chain):")
+    lines += _site_lines(at_peak, peak, top)
+    if not attribution.complete:
+        lines.append("  (site figures incomplete: memlab ran out of memory for its tables)")
+    return lines
+
+
+def _site_lines(at_peak: list, peak: int, top: int) -> list[str]:
+    """Sites live at a peak (each with .bytes and .chain), heaviest first,
+    with their share of it."""
+    lines = []
     for entry in at_peak[:top]:
         share = f"{100 * entry.bytes / peak:.0f}%" if peak else ""
         size = format_size(entry.bytes)
@@ -38,8 +55,6 @@ def describe_attribution(attribution, peak: int, top: int, context: str = "") ->
     rest = at_peak[top:]
     if rest:
         lines.append(f"    ... and {len(rest)} more sites, {format_size(sum(e.bytes for e in rest))}")
-    if not attribution.complete:
-        lines.append("  (site figures incomplete: memlab ran out of memory for its tables)")
     return lines
 
 
@@ -64,8 +79,15 @@ def child_budget_failure(exceeded, child, processes: list[dict]) -> str:
     e = exceeded
     lines = [f"{e.process} (pid {child.pid}): {e.device} {e.what} {format_size(e.value)} exceeds "
              f"{e.budget_name} {format_size(e.budget)} by {format_size(e.value - e.budget)}"]
-    for t in child.top.get(e.device, [])[:3]:
-        lines.append(f"  {format_size(t['bytes']):>10}  allocated at {t['file']}:{t['line']} {t['function']}")
+    at_peak = child.at_peak.get(e.device) if e.what == "peak" else None
+    if at_peak:
+        # as the test's own failure: what was live at its peak, by site
+        lines.append("  live at the peak, by the line that allocated it (user call chain):")
+        lines += _site_lines([SiteBytes(int(x.get("bytes", 0)), [_frame(c) for c in x.get("chain") or ()])
+                              for x in at_peak], e.value, 5)
+    else:   # a total or reserved peak, or a child of an older record: its heaviest lines over its life
+        for t in child.top.get(e.device, [])[:3]:
+            lines.append(f"  {format_size(t['bytes']):>10}  allocated at {t['file']}:{t['line']} {t['function']}")
     field = {"peak": "peak", "total peak": "peak_total"}.get(e.what)
     if field is not None:
         every = [f"{p['label']} {format_size(p['devices'][e.device][field])}" for p in processes
