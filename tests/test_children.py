@@ -81,7 +81,7 @@ def test_spawned_ranks_each_measured_exactly(inner):
     # (freed before the second).
     assert peaks(procs) == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}
     assert [p["rank"] for p in procs] == [0, 1]
-    assert test["across_processes"]["cpu"] == {"processes": 2, "max": 2 * MiB, "worst": "rank 1",
+    assert test["across_processes"]["cpu"] == {"over": "ranks", "processes": 2, "max": 2 * MiB, "worst": "rank 1",
                                                "min": 1 * MiB, "spread": 1 * MiB}
     top = procs[1]["devices"]["cpu"]["top"]
     assert top[0]["file"] == "test_kids.py" and top[0]["function"] == "own" and top[0]["bytes"] == 2 * MiB + MiB // 2
@@ -174,6 +174,38 @@ def test_mp():
     result.stdout.fnmatch_lines(["  cpu own peak: process 0 1.0 MiB, process 1 2.0 MiB; max 2.0 MiB (process 1)*"])
 
 
+HARNESS = """
+class Harness:   # the shape of torch's MultiProcessTestCase: _run(rank, ...) in each process
+    @classmethod
+    def _run(cls, rank, test_name, **kwargs):
+        x = own((rank + 1) * MiB)
+
+def test_harness():
+    ctx = mp.get_context("fork")
+    ps = [ctx.Process(target=Harness._run, name="process " + str(r), args=(r, "t"), kwargs={"fake_pg": False})
+          for r in (1, 0)]
+    for p in ps:
+        p.start()
+        p.join()
+    assert [p.exitcode for p in ps] == [0, 0]
+"""
+
+
+def test_a_harness_that_passes_each_process_its_rank_names_the_ranks(inner):
+    """A process started with a target whose parameter named rank is given
+    an int is that rank (the multi-process test harness's children have no
+    RANK variable, and their process group is gone when they report):
+    labels, ranks, the spread over ranks and the baseline's rank entries."""
+    result, data = run(inner, HARNESS, "--memlab-baseline=bl.json", "--memlab-update-baseline")
+    assert result.ret == 0, result.stdout.str()
+    procs, test = processes(data, "test_harness")
+    assert peaks(procs) == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}
+    assert [p["rank"] for p in procs] == [0, 1]
+    assert test["across_processes"]["cpu"]["worst"] == "rank 1"
+    entries = json.loads((inner.path / "bl.json").read_text())["tests"]["test_kids.py::test_harness"]
+    assert entries["cpu@rank 0"]["peak"] == 1 * MiB and entries["cpu@rank 1"]["peak"] == 2 * MiB
+
+
 def test_a_forkserver_that_outlives_its_test_measures_each_test_into_its_own(inner):
     """The forkserver starts in the first test, with its environment; the
     second test's children are the second test's, and a test that is not
@@ -262,7 +294,7 @@ def test_ddp():
     for p in procs:
         # the model's weights, their gradients and DDP's buckets at least
         assert p["devices"]["cpu"]["peak"] >= 2 * weights, p
-    assert set(test["across_processes"]["cpu"]) == {"processes", "max", "worst", "min", "spread"}
+    assert set(test["across_processes"]["cpu"]) == {"over", "processes", "max", "worst", "min", "spread"}
 
 
 def test_a_child_that_crashes_is_reported_missing_and_the_parent_stays_sound(inner):

@@ -250,15 +250,16 @@ def across(processes: list[dict]) -> dict[str, dict]:
     reports keep them: ChildFigures.as_dict()): the highest own peak and
     the process that reached it, the lowest, and the spread (max - min).
     Ranks only, where the children have ranks (a DataLoader's workers
-    beside them are not ranks)."""
+    beside them are not ranks); over says which: "ranks" or "processes"."""
     done = [p for p in processes if p.get("state") == "done"]
     ranked = [p for p in done if p.get("rank") is not None]
+    over = "ranks" if ranked else "processes"
     out: dict[str, dict] = {}
     for p in ranked or done:
         for device, d in p.get("devices", {}).items():
             if d.get("peak") is None:
                 continue
-            a = out.setdefault(device, {"processes": 0, "max": -1, "worst": "", "min": None})
+            a = out.setdefault(device, {"over": over, "processes": 0, "max": -1, "worst": "", "min": None})
             a["processes"] += 1
             if d["peak"] > a["max"]:
                 a["max"], a["worst"] = d["peak"], p["label"]

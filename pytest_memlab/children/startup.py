@@ -273,8 +273,9 @@ def _finish_before_exit(child: ChildMeasurement) -> None:
 def _rank(inherited: str | None = None) -> int | None:
     """The process's rank, where it has one: RANK (torchrun, env://; not
     the one inherited from a parent that is itself a rank, which a
-    DataLoader worker of a rank has), the process group's, or
-    torch.multiprocessing.spawn's process index."""
+    DataLoader worker of a rank has), the process group's,
+    torch.multiprocessing.spawn's process index, or the argument named rank
+    that its multiprocessing target was started with."""
     value = os.environ.get("RANK")
     if value is not None and value != inherited and value.strip().lstrip("-").isdigit():
         return int(value)
@@ -290,7 +291,23 @@ def _rank(inherited: str | None = None) -> int | None:
         args = getattr(process, "_args", ())
         if len(args) > 1 and isinstance(args[1], int):
             return args[1]
+    if target is not None:
+        return _rank_argument(target, getattr(process, "_args", ()), getattr(process, "_kwargs", None) or {})
     return None
+
+
+def _rank_argument(target, args: tuple, kwargs: dict) -> int | None:
+    """The int its launcher passed as the target's parameter named rank
+    (torch's MultiProcessTestCase._run(rank, ...), a worker(rank, world_size)),
+    read from the process's own start: its process group, if it had one,
+    is gone by the time it reports."""
+    import inspect
+
+    try:
+        value = inspect.signature(target).bind_partial(*args, **kwargs).arguments.get("rank")
+    except (TypeError, ValueError):   # no signature (a builtin), or arguments that do not bind
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _current_process():

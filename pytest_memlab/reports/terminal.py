@@ -178,7 +178,9 @@ def children_lines(results: dict, verbosity: int = 0) -> list[tuple[str, bool]]:
                      if p.get("state") == "done" and p.get("devices", {}).get(device, {}).get("peak") is not None]
             shown = ", ".join(peaks[:8]) + (f", ... ({len(peaks) - 8} more)" if len(peaks) > 8 else "")
             if a["processes"] > 1:
-                shown += f"; max {format_size(a['max'])} ({a['worst']}), spread {format_size(a['spread'])}"
+                # over the ranks alone where other children (a DataLoader's workers) are listed beside them
+                over = " over ranks" if a.get("over") == "ranks" and len(peaks) > a["processes"] else ""
+                shown += f"; max{over} {format_size(a['max'])} ({a['worst']}), spread {format_size(a['spread'])}"
             out.append((f"  {device} own peak: {shown}", False))
         for p in r.processes:
             if p.get("state") != "done":
