@@ -14,6 +14,12 @@ Two figures:
 
     python bench/bench_children.py [--rounds R] [--out FILE]
 
+  a harness child   a child that imports torch, then a large test harness
+                    (torch's multi-process harness, common_distributed, or
+                    modules of its weight where expecttest is missing) and
+                    runs a short body, armed and not: what a real suite's
+                    rank pays (the tracer runs over the harness's import)
+
 Target (README, issue 21): at most 50 ms added per child.
 """
 
@@ -44,6 +50,24 @@ t2 = time.perf_counter()
 startup._child.finish()
 t3 = time.perf_counter()
 print(json.dumps({"start": (t1 - t0) * 1e3, "finish": (t3 - t2) * 1e3}))
+"""
+
+
+HARNESS = """
+import json, time, torch
+t0 = time.perf_counter()
+try:
+    import torch.testing._internal.common_distributed  # noqa: F401  the multi-process harness
+    what = "torch.testing._internal.common_distributed"
+except ImportError:   # it needs expecttest: modules of the same weight
+    import torch.distributed.fsdp, torch.distributed.checkpoint, torch.nn.parallel, torch.testing  # noqa
+    what = "torch.distributed.fsdp, torch.distributed.checkpoint, torch.nn.parallel, torch.testing"
+t1 = time.perf_counter()
+x = torch.ones(1 << 16)
+for _ in range(50):
+    x = torch.nn.functional.relu(x * 2 - 1)
+t2 = time.perf_counter()
+print(json.dumps({"import": (t1 - t0) * 1e3, "body": (t2 - t1) * 1e3, "what": what}))
 """
 
 
@@ -88,6 +112,16 @@ def main() -> int:
         begin = statistics.median(t["start"] for t in timed)
         finish = statistics.median(t["finish"] for t in timed)
         print(f"the measurement: start {begin:.1f} ms, figures at exit {finish:.1f} ms")
+        start(HARNESS, plain), start(HARNESS, armed)
+        runs = {"off": [], "on": []}
+        for _ in range(args.rounds):   # alternating
+            runs["off"].append(json.loads(start(HARNESS, plain)[1]))
+            runs["on"].append(json.loads(start(HARNESS, armed)[1]))
+        h = {k: {part: statistics.median(r[part] for r in v) for part in ("import", "body")}
+             for k, v in runs.items()}
+        what = runs["off"][0]["what"]
+        print(f"a harness child ({what}): import {h['off']['import']:.1f} -> {h['on']['import']:.1f} ms, "
+              f"body {h['off']['body']:.1f} -> {h['on']['body']:.1f} ms")
     import torch
 
     lines = [
@@ -103,6 +137,13 @@ def main() -> int:
         f"{'' if hook + begin + finish <= TARGET_MS else ' (over the target)'} |",
         "",
         f"(target <= {TARGET_MS:.0f} ms added per child)",
+        "",
+        f"A harness child (imports torch, then {what}; a short body), unarmed -> armed, medians:",
+        "",
+        "| part | unarmed ms | armed ms | added ms |",
+        "| --- | --- | --- | --- |",
+        *(f"| {part} | {h['off'][part]:.1f} | {h['on'][part]:.1f} | {h['on'][part] - h['off'][part]:.1f} |"
+          for part in ("import", "body")),
     ]
     text = "\n".join(lines)
     print(text)

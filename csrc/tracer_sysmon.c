@@ -4,8 +4,9 @@
  * code out of scope gets DISABLE and never reports again (until the scope
  * rules change and restart_events() asks anew).  Code in scope gets LINE,
  * PY_RETURN, PY_YIELD and PY_RESUME as local events; PY_UNWIND and PY_THROW
- * are global (they cannot be disabled per location).  The tool id is the
- * profiler's (2) when free, else one that CPython leaves unnamed.
+ * are global (they cannot be disabled per location).  The tool id is one
+ * that CPython leaves unnamed (4, else 3), never the profiler's or the
+ * debugger's: a test may run cProfile or pdb.
  */
 #include "tracer_internal.h"
 
@@ -66,8 +67,10 @@ monitoring_register(void)
                   | event_bit(events, "PY_THROW");
     if (PyErr_Occurred())
         goto error;
-    /* The profiler's id if free, else the two that CPython leaves unnamed. */
-    static const int candidates[] = {2, 4, 3};
+    /* One of the two ids that CPython leaves unnamed, never the profiler's
+     * (2): cProfile takes that one, and a measured test that profiles
+     * would fail with "Another profiling tool is already active". */
+    static const int candidates[] = {4, 3};
     for (size_t i = 0; i < sizeof(candidates) / sizeof(candidates[0]); i++) {
         r = call_monitoring("get_tool", "(i)", candidates[i]);
         if (r == NULL)
@@ -86,7 +89,7 @@ monitoring_register(void)
     if (T.tool < 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "pytest-memlab: no free sys.monitoring tool id "
-                        "(2, 3 and 4 are taken by other tools)");
+                        "(3 and 4 are taken by other tools)");
         goto error;
     }
     for (size_t i = 0; i < sizeof(cbs) / sizeof(cbs[0]); i++) {
