@@ -4,6 +4,7 @@ Python, a DataLoader's workers, a DDP training step with gloo; each child's
 own peak exact against the bytes it allocated; a budget judged per rank;
 a child that crashes; a test that is not measured arms nothing."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -204,6 +205,71 @@ def test_a_harness_that_passes_each_process_its_rank_names_the_ranks(inner):
     assert test["across_processes"]["cpu"]["worst"] == "rank 1"
     entries = json.loads((inner.path / "bl.json").read_text())["tests"]["test_kids.py::test_harness"]
     assert entries["cpu@rank 0"]["peak"] == 1 * MiB and entries["cpu@rank 1"]["peak"] == 2 * MiB
+
+
+REAL_HARNESS = """
+import pytest, torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+MiB = 2**20
+
+
+class TestGlooRanks(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def _tensor(self):
+        dist.init_process_group("gloo", store=dist.FileStore(self.file_name, self.world_size),
+                                rank=self.rank, world_size=self.world_size)
+        x = torch.full(((self.rank + 1) * MiB // 4,), float(self.rank))
+        dist.barrier()
+        dist.destroy_process_group()
+        return x
+
+    def test_ranks(self):
+        self._tensor()
+
+    @pytest.mark.cpu_memory(max="1.5M")
+    def test_budget(self):
+        self._tensor()
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("expecttest") is None, reason="torch's harness needs expecttest")
+def test_torchs_multi_process_harness_names_its_ranks_and_judges_each(inner):
+    """torch's own harness (MultiProcessTestCase, gloo on the CPU): its
+    children have no RANK and their process group is gone when they
+    report; they are ranks all the same, and a rank over its budget fails
+    the test naming it and what was live at its peak."""
+    inner.makepyfile(test_harness=REAL_HARNESS)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab", "--memlab-json=r.json",
+                                        "--memlab-baseline=bl.json", "--memlab-update-baseline")
+    result.assert_outcomes(passed=1, failed=1)
+    data = json.loads((inner.path / "r.json").read_text())
+    procs, test = processes(data, "test_ranks")
+    # each rank's tensor, and the byte of the tensor gloo's barrier makes
+    # (torch's own; a few bytes at most)
+    own = {p["label"]: p["devices"]["cpu"]["top"][0]["bytes"] for p in procs}
+    assert own == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}, procs
+    assert all(0 <= peak - own[label] <= 64 for label, peak in peaks(procs).items()), procs
+    assert [p["rank"] for p in procs] == [0, 1]
+    assert test["across_processes"]["cpu"]["over"] == "ranks"
+    entries = json.loads((inner.path / "bl.json").read_text())["tests"]["test_harness.py::TestGlooRanks::test_ranks"]
+    assert sorted(entries) == ["cpu", "cpu@rank 0", "cpu@rank 1"], entries
+    assert entries["cpu@rank 1"]["peak"] == peaks(procs)["rank 1"]
+    result.stdout.fnmatch_lines([
+        "rank 1 (pid *): cpu peak 2.0 MiB exceeds max 1.5 MiB by 512.0 KiB",
+        "  live at the peak, by the line that allocated it (user call chain):",
+        "       2.0 MiB 100%  test_harness.py:* TestGlooRanks._tensor: x = torch.full(*",
+    ])
+    _, budget = processes(data, "test_budget")
+    assert budget["failed_by_memlab"] == ["cpu max [rank 1]"]
 
 
 def test_a_forkserver_that_outlives_its_test_measures_each_test_into_its_own(inner):
