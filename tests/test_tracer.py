@@ -265,3 +265,27 @@ def test_a_parked_tracer_disables_code_that_runs_between_measured_tests(tmp_path
     between, measured = map(int, done.stdout.split())
     assert between == 1      # decided once, then disabled
     assert measured == 5     # in scope: heard in every test
+
+
+def test_the_scope_resolves_links_as_realpath_does(tmp_path):
+    """A file is user code by its real path: a folder or a file linked
+    into the rootdir from outside is the user's, one linked out of it is
+    not; the folder's resolution is made once for all its files."""
+    from pytest_memlab.engine.tracing import Scope
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "pkg").mkdir(parents=True)
+    (outside / "lib").mkdir(parents=True)
+    for f in (root / "pkg" / "a.py", outside / "lib" / "b.py", outside / "c.py"):
+        f.write_text("")
+    (root / "linked_lib").symlink_to(outside / "lib")          # a folder of outside files seen from the root
+    (outside / "to_root").symlink_to(root / "pkg")             # the root's folder seen from outside
+    (outside / "to_a.py").symlink_to(root / "pkg" / "a.py")    # the root's file seen from outside
+    (root / "pkg" / "to_c.py").symlink_to(outside / "c.py")    # an outside file seen from the root
+    scope = Scope()
+    scope.configure(root)
+    cases = [root / "pkg" / "a.py", root / "linked_lib" / "b.py", outside / "to_root" / "a.py",
+             outside / "to_a.py", root / "pkg" / "to_c.py", outside / "c.py"]
+    got = [scope.file_in_scope(str(p)) for p in cases]
+    assert got == [True, False, True, True, False, False]
+    assert got == [(os.path.realpath(p) + os.sep).startswith(os.path.realpath(root) + os.sep) for p in cases]

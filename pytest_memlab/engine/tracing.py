@@ -22,7 +22,6 @@ import fnmatch
 import os
 import sys
 import sysconfig
-from pathlib import Path
 
 from .. import _engine as engine
 
@@ -84,6 +83,7 @@ class Scope:
         self.paths_on = False                # the plugin's path rule is in force
         self.phases: dict = {}               # torch's phase functions -> decision
         self._by_file: dict[str, bool] = {}
+        self._real_dirs: dict[str, str] = {}   # a directory -> its real path
         self._libs = _library_roots()
 
     def configure(self, rootdir: str | os.PathLike, include: tuple[str, ...] = ()) -> None:
@@ -94,7 +94,7 @@ class Scope:
     def file_in_scope(self, filename: str) -> bool:
         if filename.startswith("<") and filename.endswith(">"):
             return False  # <string>, <frozen ...>: no source to show
-        path = os.path.realpath(os.path.abspath(filename))
+        path = self._real_path(filename)
         if path.startswith(_PACKAGE_DIR + os.sep):
             return False
         if self.include:
@@ -102,10 +102,22 @@ class Scope:
             return any(fnmatch.fnmatch(path, g) or fnmatch.fnmatch(rel, g) for g in self.include)
         if self.rootdir is None or not (path + os.sep).startswith(self.rootdir + os.sep):
             return False
-        if any(part in ("site-packages", "dist-packages") for part in Path(path).parts):
+        if any(f"{os.sep}{part}{os.sep}" in path for part in ("site-packages", "dist-packages")):
             return False
         return not any(path.startswith(lib + os.sep) for lib in self._libs if lib != self.rootdir
                        and not self.rootdir.startswith(lib + os.sep))
+
+    def _real_path(self, filename: str) -> str:
+        """os.path.realpath of a file, its directory's resolved once: a
+        package's hundreds of files cost one resolution of their folder's
+        path and one lstat each (realpath's lstat of every part of the
+        path, per file, was most of a child's added import time)."""
+        head, tail = os.path.split(os.path.abspath(filename))
+        real = self._real_dirs.get(head)
+        if real is None:
+            real = self._real_dirs[head] = os.path.realpath(head)
+        path = os.path.join(real, tail)
+        return os.path.realpath(path) if os.path.islink(path) else path
 
     def __call__(self, code) -> bool | int:
         if code in self.codes:
