@@ -43,3 +43,31 @@ def test_x():
             "line attribution off: another trace function is active (coverage*",
         ])
         assert "peak reached in" not in result.stdout.str()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring's tool ids: Python 3.12+")
+def test_other_tools_on_both_free_ids_turn_line_attribution_off_not_the_session(inner):
+    """memlab takes sys.monitoring's id 4, else 3 (the profiler's and the
+    debugger's stay free); where other tools hold both, budgets still judge
+    and the summary says why lines are missing."""
+    inner.makeconftest("""
+import sys
+sys.monitoring.use_tool_id(4, "tool four")
+sys.monitoring.use_tool_id(3, "tool three")
+""")
+    inner.makepyfile(test_t="""
+import pytest, torch
+
+@pytest.mark.cpu_memory(max="1M")
+def test_over():
+    x = torch.ones(1 << 19)
+
+def test_ok():
+    x = torch.ones(10)
+""")
+    result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*cpu peak 2.0 MiB exceeds max 1.0 MiB by 1.0 MiB*",
+        "line attribution off: sys.monitoring's tool ids 4 and 3 are taken by other tools (tool four, tool three)*",
+    ])

@@ -153,6 +153,13 @@ class Tracing:
                 return (f"another trace function is active ({name}; coverage or a debugger?): on Python "
                         f"{sys.version_info.major}.{sys.version_info.minor} memlab would replace it, so line "
                         "attribution is off (on Python 3.12+ both work)")
+        else:
+            # memlab takes sys.monitoring's tool id 4, else 3 (never the
+            # profiler's or the debugger's): both taken by other tools
+            taken = [sys.monitoring.get_tool(i) for i in (4, 3)]
+            if all(name is not None and name != "pytest-memlab" for name in taken):
+                return (f"sys.monitoring's tool ids 4 and 3 are taken by other tools ({taken[0]}, {taken[1]}): "
+                        "line attribution is off")
         return ""
 
     def _remember(self, paths: bool, codes) -> bool:
