@@ -6,7 +6,9 @@ with no code changed between writing and comparing:
    N serial processes side by side, each a consecutive part of the
    selection, the same part written and compared);
 2. written under ``-n N``, compared twice under ``-n N`` (xdist schedules
-   differently each run);
+   differently each run); with ``--xdist-args=--memlab-gpus-per-worker``,
+   one worker per GPU; step ``xdist-serial`` compares the serial baseline
+   under ``-n N`` too;
 3. optionally, a growth injected into the suite's code (``--inject FILE
    AFTER NEW``: the line NEW inserted after the first line that is AFTER,
    with its indentation), compared serially with the serial baseline: each
@@ -126,12 +128,14 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--xdist", type=int, default=0)
     p.add_argument("--steps", default="write,reverse,xdist,inject",
-                   help="which steps: write (serial), reverse (serial compare reversed), xdist, inject")
+                   help="which steps: write (serial), reverse (serial compare reversed), xdist, "
+                        "xdist-serial (the serial baseline compared under -n N), inject")
     p.add_argument("--baseline-in", help="a serial baseline written before (a call of its own): no write step")
     p.add_argument("--baseline-out", help="where to copy the serial baseline written (for a later call)")
     p.add_argument("--xdist-baseline-in", help="an -n N baseline written before (a call of its own): no -n write")
     p.add_argument("--xdist-baseline-out", help="where to copy the -n N baseline written (for a later call)")
     p.add_argument("--xdist-compares", type=int, default=2, help="how many -n N compares after the write")
+    p.add_argument("--xdist-args", default="", help="the -n N runs' own options (--memlab-gpus-per-worker)")
     p.add_argument("--inject-k", default="", help="the injected run's own -k (a subset that uses the code)")
     p.add_argument("--inject", nargs=3, metavar=("FILE", "AFTER", "NEW"))
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all the runs together")
@@ -212,7 +216,7 @@ def main() -> int:
                  work / "r.{shard}.json", serial=True, reverse=True)
         compared.append(c)
     if a.xdist and "xdist" in steps:
-        n = ["-n", str(a.xdist), "-p", "no:randomly"]
+        n = ["-n", str(a.xdist), "-p", "no:randomly", *a.xdist_args.split()]
         if not a.xdist_baseline_in:
             step(f"-n {a.xdist} write", [*n, f"--memlab-baseline={xdist_bl}", "--memlab-update-baseline"], None)
             if a.xdist_baseline_out and xdist_bl.exists():
@@ -221,6 +225,14 @@ def main() -> int:
             compared.append(step(f"-n {a.xdist} compare {k}", [*n, f"--memlab-baseline={xdist_bl}",
                                                                f"--memlab-json={work / f'x{k}.json'}"],
                                  work / f"x{k}.json"))
+    if a.xdist and "xdist-serial" in steps and serial_bl.exists():
+        # the serial baseline (one process, one GPU) compared under -n N:
+        # what moves from the serial run to the workers (and, pinned, to
+        # the other GPU) is the schedule and the device, never a figure
+        n = ["-n", str(a.xdist), "-p", "no:randomly", *a.xdist_args.split()]
+        compared.append(step(f"-n {a.xdist} compare, serial baseline", [*n, f"--memlab-baseline={serial_bl}",
+                                                                        f"--memlab-json={work / 'xs.json'}"],
+                             work / "xs.json"))
     injected = None
     if a.inject and "inject" in steps and serial_bl.exists():
         file, after, new = a.inject
