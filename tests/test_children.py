@@ -232,6 +232,7 @@ class TestGlooRanks(MultiProcessTestCase):
         dist.destroy_process_group()
         return x
 
+    @pytest.mark.cpu_memory   # gloo's ranks work on the CPU: measured there on a machine with GPUs too
     def test_ranks(self):
         self._tensor()
 

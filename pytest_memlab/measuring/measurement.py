@@ -46,7 +46,7 @@ class Measurement:
     DETAIL_POINTS = 512
 
     def __init__(self, core: Core, devices: list[str], trace: bool = True, park: bool = False,
-                 timeline: bool = False, log: bool = False):
+                 timeline: bool = False, log: bool = False, others: tuple[str, ...] = ()):
         self.core = core
         self.park = park         # leave the tracer and torch's hooks ready for the next test
         self.trace = trace and core.name == BRIDGE
@@ -63,7 +63,11 @@ class Measurement:
                 self.unmeasured[concrete] = reason
             else:
                 self.meters[concrete] = make_meter(core, concrete, timeline=timeline, log=log)
-        self.devices = list(self.meters) + list(self.unmeasured)
+        self.measured = list(self.meters) + list(self.unmeasured)
+        # GPUs measured that the test did not ask for: named in ``devices``
+        # once it allocated there (a test's API reads the same on one GPU
+        # as on eight)
+        self.others = frozenset(self.resolved.get(d, d) for d in others)
         self.marks: list[Mark] = []
         self.final: dict[str, DeviceFigures] | None = None
         # device -> (bytes, [named]) of what it kept that is no leak (check_leaks)
@@ -132,7 +136,7 @@ class Measurement:
                 fig.alloc_log = meter.take_alloc_log()
         for device, reason in self.unmeasured.items():
             figures[device] = DeviceFigures(device, False, reason=reason)
-        self.final = {d: figures[d] for d in self.devices}
+        self.final = {d: figures[d] for d in self.measured}
         if error is not None:
             raise error
         return self.final
@@ -206,10 +210,23 @@ class Measurement:
 
     # -- the fixture's API ---------------------------------------------------
     @property
+    def devices(self) -> list[str]:
+        """The devices measured: those the test asked for, and each other
+        GPU once the test allocated there."""
+        return [d for d in self.measured if d not in self.others or self._used(d)]
+
+    def _used(self, device: str) -> bool:
+        if self.final is not None:
+            figures = self.final.get(device)
+            return figures is not None and bool(figures.allocs)
+        meter = self.meters.get(device)
+        return meter is not None and bool(meter.stats().allocs)
+
+    @property
     def primary(self) -> str:
-        if not self.devices:
+        if not self.measured:
             raise RuntimeError("this test measures no device")
-        return self.devices[0]
+        return self.measured[0]
 
     def figures(self, device: str | None = None, sites: bool = False) -> DeviceFigures:
         """Figures so far (or final, after the test) for a device."""

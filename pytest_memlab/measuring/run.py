@@ -76,7 +76,7 @@ class TestRun:
             # for too (kept only if it allocated there: TestRun.end).
             others = other_gpus(c, requested) if c.name == BRIDGE else []
             measurement = Measurement(c, list(dict.fromkeys(requested)) + others, park=True, timeline=True,
-                                      log=options.snapshot is not None)
+                                      log=options.snapshot is not None, others=tuple(others))
             resolved = measurement.resolved
             self.devices = [(spec, resolved[r]) for spec, r in zip(self.specs, requested)]
             self.devices += [(UNMARKED, d) for d in others]
@@ -155,9 +155,21 @@ class TestRun:
         there is anything to judge: a budget or a baseline)."""
         if self.armed is not None and self.judged:
             try:
-                self.children = ChildWatch.peek(self.armed)
+                self.children = self._children_used(ChildWatch.peek(self.armed))
             except Exception as exc:
                 self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
+
+    def _children_used(self, children: list) -> list:
+        """A child's other GPUs (armed with every GPU, as the test is) that
+        it allocated nothing on leave its figures, as they leave the test's."""
+        for child in children:
+            for device in self.others:
+                f = child.devices.get(device)
+                if f is not None and not f.allocs:
+                    del child.devices[device]
+                    child.top.pop(device, None)
+                    child.at_peak.pop(device, None)
+        return children
 
     def processes(self) -> list[dict]:
         """Every rank (under torchrun, rank 0's own included), then the
@@ -214,7 +226,7 @@ class TestRun:
         measurement = self.measurement
         if self.armed is not None:
             try:
-                self.children = self.watch.disarm(self.armed)
+                self.children = self._children_used(self.watch.disarm(self.armed))
             except Exception as exc:
                 self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
             self.armed = None
