@@ -114,6 +114,29 @@ def test_a_budget_applies_to_each_rank_and_the_failure_names_the_rank(inner):
     assert test["outcome"] == "failed"   # the call failed, as an exceeded budget of its own would
 
 
+THREE_SITES = """
+def work(rank):
+    a = own(3 * MiB)
+    b = own(2 * MiB)
+    c = own(1 * MiB)
+
+@pytest.mark.cpu_memory(max="1M")
+def test_spawn():
+    tmp.spawn(work, nprocs=1)
+"""
+
+
+@pytest.mark.parametrize("top", [2, 3])
+def test_a_childs_failure_lists_as_many_sites_as_memlab_top(inner, top):
+    """What was live at a child's peak is listed as the test's own is: as
+    many sites as --memlab-top, heaviest first."""
+    result, data = run(inner, THREE_SITES, f"--memlab-top={top}")
+    assert result.ret == 1
+    text = result.stdout.str()
+    sites = [line for line in text.splitlines() if "% " in line and "test_kids.py" in line and " own: " in line]
+    assert [line.split()[0] + " " + line.split()[1] for line in sites] == ["3.0 MiB", "2.0 MiB", "1.0 MiB"][:top], text
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_multiprocessing_children_each_measured(inner, method):
     result, data = run(inner, f"""

@@ -84,9 +84,9 @@ def child_budget_failure(exceeded, child, processes: list[dict]) -> str:
         # as the test's own failure: what was live at its peak, by site
         lines.append("  live at the peak, by the line that allocated it (user call chain):")
         lines += _site_lines([SiteBytes(int(x.get("bytes", 0)), [_frame(c) for c in x.get("chain") or ()])
-                              for x in at_peak], e.value, 5)
+                              for x in at_peak], e.value, len(at_peak))   # the child kept --memlab-top
     else:   # a total or reserved peak, or a child of an older record: its heaviest lines over its life
-        for t in child.top.get(e.device, [])[:3]:
+        for t in child.top.get(e.device, []):   # as many as --memlab-top (the child kept them)
             lines.append(f"  {format_size(t['bytes']):>10}  allocated at {t['file']}:{t['line']} {t['function']}")
     field = {"peak": "peak", "total peak": "peak_total"}.get(e.what)
     if field is not None:
