@@ -23,6 +23,8 @@ from .engine.tracing import tracing
 from .judging.verdicts import MemlabLeakWarning, Verdicts
 from .markers import BAD_MARKER, MARKERS, SPECS, bad_markers, stash_specs
 from .measuring.measurement import Measurement
+from .measuring.out_of_memory import Observer as OutOfMemory
+from .measuring.out_of_memory import explain as explain_out_of_memory
 from .measuring.run import TestRun
 from .options import Options, add_options
 from .reports.results import encode
@@ -116,6 +118,7 @@ class MemlabPlugin:
             self._running = (item, run)
             required = run.begin(core, self.options, self.session)
             self.current = run.measurement
+            OutOfMemory.run = run
         else:  # a test memlab does not measure runs with nothing of memlab's on
             required = item.stash.get(BAD_MARKER, None)
             unpark()
@@ -159,6 +162,7 @@ class MemlabPlugin:
             return (yield)
         finally:
             self.current = None
+            OutOfMemory.run = None
             try:
                 allowed = self.verdicts.leak_allowances(run)
             except Exception as exc:  # memlab's trouble, never the test's
@@ -185,6 +189,8 @@ class MemlabPlugin:
         if failed:
             run.user_failed = True   # memlab has not judged yet: this failure is the test's
         when = call.when
+        if call.excinfo is not None or (run.out_of_memory and when == "teardown"):
+            self._out_of_memory(run, report, call)
         if when == "setup":
             return report
         if when == "call":
@@ -212,6 +218,28 @@ class MemlabPlugin:
             # collector walks.
             self._running = None
         return report
+
+    def _out_of_memory(self, run, report, call) -> None:
+        """A test that ran out of memory: memlab's section added to its
+        own failure (never memlab's verdict); one that caught the error
+        has it in the reports only."""
+        try:
+            excinfo = call.excinfo
+            if excinfo is not None:
+                explanation = explain_out_of_memory(run, excinfo.value, excinfo.tb, self.session, core(),
+                                                    self.options.top)
+                if explanation is not None:
+                    run.out_of_memory = [m for m in run.out_of_memory if m is not explanation.moment]
+                    run.explained.append(explanation)
+                    if report.failed:
+                        report.sections.append(("memlab: out of memory", explanation.text(self.options.top)))
+            if call.when == "teardown":   # the errors the test caught: recorded, not added to anything
+                for moment in run.out_of_memory:
+                    run.explained.append(explain_out_of_memory(run, None, None, None, core(), self.options.top,
+                                                               caught=True, moment=moment))
+                run.out_of_memory = []
+        except Exception as exc:  # memlab's trouble, never the test's
+            run.error = run.error or f"the out-of-memory was not explained: {type(exc).__name__}: {exc}"
 
     # -- the session ----------------------------------------------------------
     def pytest_runtest_logreport(self, report):

@@ -219,6 +219,12 @@ class Bridge:
                     self.attach_tracker()
             except Exception as exc:  # pragma: no cover - the C side returns errors, not raises
                 self.tracker = f"{type(exc).__name__}: {exc}"
+            try:   # the out-of-memory observer needs the device allocators, made just now
+                from ..measuring.out_of_memory import Observer
+
+                Observer.attach(torch, starting=True)
+            except Exception:
+                pass
 
         try:
             lazy_call(attach)

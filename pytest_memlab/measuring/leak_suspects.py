@@ -77,6 +77,23 @@ class LeakSuspects:
             suspect.blocks = [b for b, kept in zip(suspect.blocks, still)
                               if kept and (id(suspect), b[0]) not in gone]
 
+    def still_held(self, device: str) -> list:
+        """[(suspect, blocks)] of the suspects on device whose blocks are
+        still allocated, as far as the engine heard (an out-of-memory's
+        explanation: which earlier test left what), without taking them."""
+        watch = self._watches.get(device)
+        if watch is None:
+            return []
+        out = []
+        for suspect in self.pending:
+            if suspect.device != device or not suspect.blocks:
+                continue
+            still = watch.still([b[0] for b in suspect.blocks])
+            blocks = [b for b, kept in zip(suspect.blocks, still) if kept and (id(suspect), b[0]) not in self._gone]
+            if blocks:
+                out.append((suspect, blocks))
+        return out
+
     def confirm(self, core, seconds: float, params: dict[int, str] | None = None) -> list:
         """[(suspect, Leak)] for every suspect: the Leak's bytes are what
         is still held (0: nothing was).  params: the session's parameter

@@ -61,6 +61,8 @@ class TestRun:
     others: list = field(default_factory=list)    # GPUs measured that the test did not ask for
     item: object = None                   # the test's item, while it runs (what pytest holds of it)
     site_changes: dict = field(default_factory=dict)   # device -> [SiteChange] against the baseline
+    out_of_memory: list = field(default_factory=list)  # out_of_memory.Moment of each failed request heard
+    explained: list = field(default_factory=list)      # out_of_memory.Explanation of each, for the reports
 
     # -- opening -------------------------------------------------------------------
     def begin(self, core, options, session) -> str | None:
@@ -294,7 +296,8 @@ class TestRun:
             detail = ""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,
-                            processes=self.processes())
+                            processes=self.processes(),
+                            out_of_memory=[e.as_dict() for e in self.explained])
         if self.measurement is None:
             return result
         for spec, device in self.devices:

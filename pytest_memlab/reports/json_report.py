@@ -58,6 +58,8 @@ def build(results: dict, environment: dict, backend: str, caches: list = ()) -> 
             "memlab_error": r.memlab_error or None,
             "devices": {device: _device(d) for device, d in sorted(r.devices.items())},
         })
+        if r.out_of_memory:
+            tests[-1]["out_of_memory"] = r.out_of_memory
         if r.processes:
             tests[-1]["processes"] = r.processes
             tests[-1]["across_processes"] = across(r.processes)

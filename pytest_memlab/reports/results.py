@@ -121,6 +121,7 @@ class TestResult:
     user_failed: bool = False                          # failed by its own doing, not by memlab
     said: list[str] = field(default_factory=list)      # findings whose warning the filter made an error
     processes: list[dict] = field(default_factory=list)  # its child processes (ChildFigures.as_dict())
+    out_of_memory: list[dict] = field(default_factory=list)  # each out-of-memory it met (Explanation.as_dict())
 
     @property
     def usable(self) -> bool:
@@ -180,6 +181,8 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
         add((PREFIX + "said", json.dumps(result.said)))
     if result.processes:
         add((PREFIX + "processes", json.dumps(result.processes, separators=(",", ":"))))
+    if result.out_of_memory:
+        add((PREFIX + "out_of_memory", json.dumps(result.out_of_memory, separators=(",", ":"))))
     return props
 
 
@@ -202,7 +205,7 @@ def decode(nodeid: str, props) -> TestResult | None:
             continue
         result = result or TestResult(nodeid)
         rest = name[len(PREFIX):]
-        if rest in ("failed_by_memlab", "warned", "said", "processes"):
+        if rest in ("failed_by_memlab", "warned", "said", "processes", "out_of_memory"):
             setattr(result, rest, list(json.loads(value)))
             continue
         if rest == "memlab_error":

@@ -1,0 +1,99 @@
+"""A measured test that runs out of memory: memlab's section in its own
+failure (the request, its line, this test's live bytes, what an earlier
+test left and who holds it), the reports' record, outcomes as unmeasured.
+On CPU tensors: torch raises at once for a request the machine cannot
+serve.  The CUDA cases are in tests/test_out_of_memory_cuda.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import requires_torch
+
+pytestmark = requires_torch
+
+MiB = 2**20
+
+SUITE = """
+import pytest, torch
+MiB = 2**20
+_KEEP = []
+
+def test_a_leaves_8mib():
+    _KEEP.append(torch.ones(8 * MiB, dtype=torch.uint8))
+
+def test_b_asks_for_more_than_the_machine_has():
+    mine = torch.ones(3 * MiB, dtype=torch.uint8)
+    huge = torch.empty(1 << 50, dtype=torch.uint8)
+
+def test_c_catches_it():
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        torch.empty(1 << 50, dtype=torch.uint8)
+
+def test_d_plain():
+    x = torch.ones(MiB, dtype=torch.uint8)
+"""
+
+
+def test_the_failure_says_what_held_the_memory_and_which_earlier_test_left_it(inner):
+    inner.makepyfile(test_oom=SUITE)
+    unmeasured = inner.runpytest_subprocess("-p", "no:randomly", "-p", "no:memlab")
+    unmeasured.assert_outcomes(passed=3, failed=1)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab", "--memlab-json=r.json")
+    result.assert_outcomes(passed=3, failed=1)   # the test keeps its own failure; nothing else changes
+    result.stdout.fnmatch_lines([
+        "E       RuntimeError: *can't allocate memory*",   # torch's error, as it was
+        "*- memlab: out of memory -*",
+        "memlab: cpu ran out of memory: 1024.00 TiB requested",
+        "  asked at test_oom.py:10 test_b_asks_for_more_than_the_machine_has: huge = torch.empty(1 << 50, *",
+        "  the machine when the failure was reported: allocated 11.0 MiB (tensors memlab heard), free *, capacity *",
+        "  who held the 11.0 MiB allocated, largest first:",
+        "     8.0 MiB  73%  left by test_oom.py::test_a_leaves_8mib (held by: module test_oom, global _KEEP[0])",
+        "                        8.0 MiB allocated at test_oom.py:6 test_a_leaves_8mib: _KEEP.append(*",
+        "     3.0 MiB  27%  this test: test_oom.py:9 test_b_asks_for_more_than_the_machine_has: mine = *",
+    ])
+    data = json.loads((inner.path / "r.json").read_text())
+    from test_reports import validate
+
+    validate(data)
+    tests = {t["nodeid"].split("::")[1]: t for t in data["tests"]}
+    [oom] = tests["test_b_asks_for_more_than_the_machine_has"]["out_of_memory"]
+    assert (oom["device"], oom["request"], oom["caught"], oom["phase"]) == ("cpu", 1 << 50, False, None)
+    assert oom["line"][0] == {"file": "test_oom.py", "line": 10, "function": "test_b_asks_for_more_than_the_machine_has"}
+    assert oom["allocated"] == 11 * MiB
+    assert [(h["kind"], h["bytes"]) for h in oom["holders"]] == [("earlier test", 8 * MiB), ("own", 3 * MiB)]
+    assert oom["holders"][0]["test"] == "test_oom.py::test_a_leaves_8mib"
+    assert oom["holders"][0]["held_by"] == ["module test_oom, global _KEEP[0]"]
+    assert oom["holders"][1]["line"][0]["line"] == 9
+    # memlab's section is the test's failure's, never its verdict
+    assert tests["test_b_asks_for_more_than_the_machine_has"]["failed_by_memlab"] == []
+    # the earlier test's leak is still warned of at the end, as before
+    assert tests["test_a_leaves_8mib"]["warned"] == ["cpu leaks"]
+    assert "out_of_memory" not in tests["test_d_plain"]
+
+
+def test_a_test_that_fails_otherwise_gets_no_section(inner):
+    inner.makepyfile(test_plain="""
+import torch
+def test_fails():
+    x = torch.ones(1024)
+    raise RuntimeError("not memory")
+""")
+    result = inner.runpytest_subprocess("--memlab")
+    result.assert_outcomes(failed=1)
+    assert "out of memory" not in result.stdout.str()
+
+
+def test_an_out_of_memory_under_xdist_is_explained_in_the_workers_failure(inner):
+    pytest.importorskip("xdist")
+    inner.makepyfile(test_oom=SUITE)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "-n", "2", "--dist", "loadfile", "--memlab",
+                                        "--memlab-json=r.json")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["memlab: cpu ran out of memory: 1024.00 TiB requested",
+                                 "     8.0 MiB  73%  left by test_oom.py::test_a_leaves_8mib *"])
+    data = json.loads((inner.path / "r.json").read_text())
+    [oom] = next(t for t in data["tests"] if t["nodeid"].endswith("machine_has"))["out_of_memory"]
+    assert oom["request"] == 1 << 50
