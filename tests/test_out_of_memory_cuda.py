@@ -1,0 +1,139 @@
+"""An out-of-memory on CUDA, explained (ci/gpu oom: these tests fill the
+GPU, so they run alone, serially, where MEMLAB_OOM_TESTS=1).  Each inner
+suite attaches an observer of its own beside memlab's, which writes
+torch.cuda.memory_stats() at the error: memlab's figures must equal it to
+the byte."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import requires_cuda
+
+pytestmark = [requires_cuda, pytest.mark.skipif(os.environ.get("MEMLAB_OOM_TESTS") != "1",
+                                                reason="fills the GPU: ci/gpu oom runs it alone")]
+
+GiB = 2**30
+
+CONFTEST = """
+import json, os, torch, pytest
+AT_ERROR = []
+
+@pytest.fixture(autouse=True, scope="session")
+def _witness():
+    torch.cuda.init()
+    def seen(device, alloc, reserved, free):
+        s = torch.cuda.memory_stats(device)
+        AT_ERROR.append({"device": device, "request": alloc, "allocated": s["allocated_bytes.all.current"],
+                         "reserved": s["reserved_bytes.all.current"]})
+    torch._C._cuda_attach_out_of_memory_observer(seen)
+    yield
+    with open("at_error.json", "w") as f:
+        json.dump(AT_ERROR, f)
+"""
+
+SUITE = """
+import pytest, torch
+GiB = 2**30
+_KEEP = []
+CAP = torch.cuda.get_device_properties(0).total_memory
+
+def test_a_asks_for_more_than_the_gpu():
+    x = torch.empty(2 * CAP, dtype=torch.uint8, device="cuda")
+
+def test_b_leaves_most_of_the_gpu():
+    _KEEP.append(torch.empty(int(CAP * 0.6) // GiB * GiB, dtype=torch.uint8, device="cuda"))
+
+def test_c_runs_out_because_of_b():
+    mine = torch.empty(4 * GiB, dtype=torch.uint8, device="cuda")
+    more = torch.empty(int(CAP * 0.5) // GiB * GiB, dtype=torch.uint8, device="cuda")
+
+def test_d_frees_b():
+    _KEEP.clear()
+
+class Greedy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        wasted = torch.empty(2 * CAP, dtype=torch.uint8, device="cuda")
+        return grad * 2
+
+def test_e_runs_out_in_backward():
+    x = torch.ones(1024, device="cuda", requires_grad=True)
+    loss = Greedy.apply(x).sum()
+    loss.backward()
+
+def test_f_fragmented():
+    keep = []
+    for _ in range(8):   # 8 segments of 2 GiB, each half used: 8 GiB reserved but unallocated, in 1 GiB pieces
+        a = torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")
+        del a
+        keep.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))
+    # no more than 1 GiB beyond what is reserved: the 1.5 GiB fits in no piece and in no new segment
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + GiB) / CAP)
+    try:
+        more = torch.empty(GiB + GiB // 2, dtype=torch.uint8, device="cuda")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+def test_g_catches_it():
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(2 * CAP, dtype=torch.uint8, device="cuda")
+"""
+
+
+def test_each_out_of_memory_is_explained_with_the_allocators_figures_at_the_error(inner):
+    inner.makeconftest(CONFTEST)
+    inner.makepyfile(test_oom=SUITE)
+    unmeasured = inner.runpytest_subprocess("-p", "no:randomly", "-p", "no:memlab")
+    unmeasured.assert_outcomes(passed=3, failed=4)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab", "--memlab-json=r.json")
+    result.assert_outcomes(passed=3, failed=4)
+    text = result.stdout.str()
+    witness = json.loads((inner.path / "at_error.json").read_text())
+    tests = {t["nodeid"].split("::")[1]: t for t in json.loads((inner.path / "r.json").read_text())["tests"]}
+    failed = {name: t["out_of_memory"] for name, t in tests.items() if t.get("out_of_memory")}
+    assert set(failed) == {"test_a_asks_for_more_than_the_gpu", "test_c_runs_out_because_of_b",
+                           "test_e_runs_out_in_backward", "test_f_fragmented", "test_g_catches_it"}, failed.keys()
+
+    def check(oom):
+        """The figures equal the allocator's at the same error (the witness
+        heard the same request: the same bytes, in the same order)."""
+        seen = [(w["allocated"], w["reserved"]) for w in witness if w["request"] == oom["request"]]
+        assert oom["at_error"] is True
+        assert (oom["allocated"], oom["reserved"]) in seen, (oom, witness)
+        assert oom["outside_pytorch"] == oom["capacity"] - oom["free"] - oom["reserved"]
+
+    [a] = failed["test_a_asks_for_more_than_the_gpu"]
+    check(a)
+    assert a["line"][0]["function"] == "test_a_asks_for_more_than_the_gpu" and not a["caught"]
+
+    [c] = failed["test_c_runs_out_because_of_b"]
+    check(c)
+    kinds = [(h["kind"], h.get("test")) for h in c["holders"]]
+    assert kinds[0] == ("earlier test", "test_oom.py::test_b_leaves_most_of_the_gpu"), c["holders"]
+    assert c["holders"][0]["held_by"] == ["module test_oom, global _KEEP[0]"]
+    own = [h for h in c["holders"] if h["kind"] == "own"]
+    assert own[0]["bytes"] == 4 * GiB and own[0]["line"][0]["function"] == "test_c_runs_out_because_of_b"
+    assert sum(h["bytes"] for h in c["holders"]) == c["allocated"]
+    assert "left by test_oom.py::test_b_leaves_most_of_the_gpu (held by: module test_oom, global _KEEP[0])" in text
+
+    [e] = failed["test_e_runs_out_in_backward"]
+    check(e)
+    assert e["phase"] == "backward"
+    assert any(f["function"].endswith("Greedy.backward") for f in e["line"]), e["line"]
+
+    [f] = failed["test_f_fragmented"]
+    check(f)
+    assert f["reserved"] - f["allocated"] >= f["request"] == GiB + GiB // 2
+    assert "expandable_segments" in text
+
+    [g] = failed["test_g_catches_it"]
+    assert g["caught"] and g["line"][0]["function"] == "test_g_catches_it"
+    assert tests["test_g_catches_it"]["outcome"] == "passed"
