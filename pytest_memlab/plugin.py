@@ -171,6 +171,8 @@ class MemlabPlugin:
             try:
                 for device, blocks in run.suspects.items():
                     self.session.suspects.add(item.nodeid, device, blocks, allowed[device], run.location)
+                for device, blocks in run.measurement.left.items():
+                    self.session.suspects.add_left(item.nodeid, device, blocks)
             except Exception as exc:  # memlab's trouble, never the test's
                 run.suspects = {}
                 run.error = run.error or f"the leak check failed: {type(exc).__name__}: {exc}"

@@ -70,17 +70,22 @@ def test_e_runs_out_in_backward():
     loss.backward()
 
 def test_f_fragmented():
-    keep = []
-    for _ in range(8):   # 8 segments of 2 GiB, each half used: 8 GiB reserved but unallocated, in 1 GiB pieces
-        a = torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")
-        del a
-        keep.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))
-    # no more than 1 GiB beyond what is reserved: the 1.5 GiB fits in no piece and in no new segment
-    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + GiB) / CAP)
-    try:
-        more = torch.empty(GiB + GiB // 2, dtype=torch.uint8, device="cuda")
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
+    MiB = 2**20
+    # requests of 1 to 10 MiB share segments of 20 MiB: three 6 MiB blocks
+    # each, the middle one kept: every segment is 14 MiB free in two
+    # pieces (6 and 8 MiB), and none can be given back
+    blocks = [torch.empty(6 * MiB, dtype=torch.uint8, device="cuda") for _ in range(300)]
+    keep = blocks[1::3]
+    del blocks
+    filler = []
+    for size in (GiB, 100 * MiB, 12 * MiB):   # the rest of the GPU, in blocks no piece can serve
+        while True:
+            try:
+                filler.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+            except torch.OutOfMemoryError:
+                break
+    # 9 MiB: no piece is that large, and a new 20 MiB segment does not fit
+    more = torch.empty(9 * MiB, dtype=torch.uint8, device="cuda")
 
 def test_g_catches_it():
     with pytest.raises(torch.OutOfMemoryError):
@@ -129,9 +134,10 @@ def test_each_out_of_memory_is_explained_with_the_allocators_figures_at_the_erro
     assert e["phase"] == "backward"
     assert any(f["function"].endswith("Greedy.backward") for f in e["line"]), e["line"]
 
-    [f] = failed["test_f_fragmented"]
+    [f] = [x for x in failed["test_f_fragmented"] if not x["caught"]]
+    assert len(failed["test_f_fragmented"]) == 4   # the three the filling caught, recorded as caught
     check(f)
-    assert f["reserved"] - f["allocated"] >= f["request"] == GiB + GiB // 2
+    assert f["reserved"] - f["allocated"] >= f["request"] == 9 * 2**20
     assert "expandable_segments" in text
 
     [g] = failed["test_g_catches_it"]

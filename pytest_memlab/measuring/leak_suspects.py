@@ -50,12 +50,27 @@ class LeakSuspects:
     _owners: dict = field(default_factory=dict)
     _gone: set = field(default_factory=set)       # (id(suspect), addr) of blocks gone so
 
+    left: list[Suspect] = field(default_factory=list)   # leaks confirmed at their teardown, still watched
+
     def __bool__(self) -> bool:
         return bool(self.pending)
+
+    def add_left(self, nodeid: str, device: str, blocks: list) -> None:
+        """A leak its test's teardown confirmed (it failed the test): not
+        judged again, watched so that a later out-of-memory can name it."""
+        suspect = Suspect(nodeid, device, list(blocks), 0)
+        self.left.append(suspect)
+        self._track(suspect)
 
     def add(self, nodeid: str, device: str, blocks: list, allowed: int, location: tuple = ()) -> None:
         suspect = Suspect(nodeid, device, list(blocks), allowed, location, len(self.pending))
         self.pending.append(suspect)
+        self._track(suspect)
+
+    def _track(self, suspect: Suspect) -> None:
+        """Watches a suspect's addresses; an earlier one's block at the
+        same address is gone."""
+        device = suspect.device
         watch = self._watches.get(device)
         if watch is None:
             watch = self._watches[device] = Watch(device)
@@ -66,6 +81,12 @@ class LeakSuspects:
                 self._gone.add((id(earlier), addr))
             owners[(device, addr)] = suspect
         watch.add([b[0] for b in suspect.blocks])
+
+    def forget(self) -> None:
+        """Stops watching every address (the session's end)."""
+        for watch in self._watches.values():
+            watch.clear()
+        self.pending, self.left, self._watches, self._owners, self._gone = [], [], {}, {}, set()
 
     def _drop_gone(self) -> None:
         """Each suspect keeps the blocks whose address is still watched and
@@ -85,7 +106,7 @@ class LeakSuspects:
         if watch is None:
             return []
         out = []
-        for suspect in self.pending:
+        for suspect in self.left + self.pending:
             if suspect.device != device or not suspect.blocks:
                 continue
             still = watch.still([b[0] for b in suspect.blocks])
@@ -108,7 +129,7 @@ class LeakSuspects:
         out = [(s, Leak(s.device, 0, s.allowed)) for s in self.pending if not s.blocks]
         for watch in self._watches.values():
             watch.clear()
-        self.pending, self._watches, self._owners, self._gone = [], {}, {}, set()
+        self.pending, self.left, self._watches, self._owners, self._gone = [], [], {}, {}, set()
         if not suspects:
             return out
         by_device = {d: [s for s in suspects if s.device == d] for d in sorted({s.device for s in suspects})}

@@ -72,6 +72,7 @@ class Measurement:
         self.final: dict[str, DeviceFigures] | None = None
         # device -> (bytes, [named]) of what it kept that is no leak (check_leaks)
         self.first_use: dict[str, tuple[int, list[str]]] = {}
+        self.left: dict[str, list] = {}   # device -> blocks of a leak confirmed at teardown
         self._t0 = 0.0
 
     # -- bracketing (the plugin calls these) --------------------------------
@@ -200,12 +201,14 @@ class Measurement:
             meter = self.meters[device]
             if meter.live() <= allowed[device]:
                 continue
-            leak = leaks.find(self.core, device, meter.live_blocks(), allowed[device], top, started,
+            blocks = meter.live_blocks()
+            leak = leaks.find(self.core, device, blocks, allowed[device], top, started,
                               excused, look_past, params)
             judged[device] = leak.bytes
             self.first_use[device] = (leak.outside, leaks.first_use_held(leak, self.core.torch))
             if leak.bytes > allowed[device]:
                 found[device] = leak
+                self.left[device] = blocks   # what a later out-of-memory names as this test's
         return found, suspects, judged
 
     # -- the fixture's API ---------------------------------------------------

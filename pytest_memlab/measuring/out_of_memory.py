@@ -243,6 +243,7 @@ class Explanation:
     phase: str
     holders: list
     caught: bool = False     # the test caught the error (it passed, or failed otherwise)
+    measured: bool = True    # the test measures the device
 
     def as_dict(self) -> dict:
         m = self.moment
@@ -253,6 +254,7 @@ class Explanation:
             "allocated": m.allocated, "reserved": m.reserved, "free": m.free, "capacity": m.capacity,
             "outside_pytorch": _outside_pytorch(m),
             "holders": [_holder_dict(h) for h in self.holders],
+            "measured": self.measured,
         }
 
     def text(self, top: int) -> str:
@@ -281,8 +283,12 @@ class Explanation:
         if (m.reserved is not None and m.allocated is not None and m.request is not None
                 and m.reserved - m.allocated >= m.request):
             lines.append(f"  the {format_size(m.reserved - m.allocated)} reserved but unallocated would have served "
-                         "the request in one piece: fragmentation (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-                         "lets PyTorch map it as one)")
+                         "the request, but in pieces each too small for it: fragmentation "
+                         "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets PyTorch grow a segment instead)")
+        if not self.measured:
+            lines.append(f"  (this test does not measure {m.device}: mark it "
+                         f"{'cpu_memory' if m.device == CPU else 'cuda_memory'} to see who held it)")
+            return "\n".join(lines)
         total = m.allocated or sum(h.bytes for h in self.holders) or 1
         lines.append(f"  who held the {format_size(m.allocated or 0)} allocated, largest first:")
         for h in self.holders:
@@ -337,6 +343,8 @@ def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool =
             moment = take_moment(run.measurement, device, request, at_error=False)
     if not moment.chain and tb is not None:
         moment.chain = user_chain_of_traceback(tb)
+    if run.measurement is None or moment.device not in run.measurement.meters:
+        return Explanation(moment, phase_of(tb), [], caught, measured=False)
     holders = [Holder("own", s.bytes, chain=s.chain) for s in moment.own if s.bytes]
     try:
         holders += earlier_tests(session, core, moment.device)

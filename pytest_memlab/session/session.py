@@ -204,6 +204,7 @@ class MemlabSession:
         suspect of this process; their verdicts join the results
         (self.late) and caches (self.caches)."""
         if not self.suspects:
+            self.suspects.forget()   # the leaks confirmed at their teardown: no longer watched
             return
         n = len(self.suspects.pending)
         confirmed = self.suspects.confirm(core(), HOLDER_SECONDS + min(12.0, 0.1 * n),
