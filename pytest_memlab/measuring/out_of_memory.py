@@ -355,8 +355,9 @@ def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool =
     elif moment.allocated is not None:
         rest = moment.allocated - sum(h.bytes for h in holders)
         if rest > 0:
-            holders.append(Holder("outside", rest, test="allocated outside this test and not left by an earlier "
-                                                        "measured test (broader fixtures, between tests, "
-                                                        "before memlab measured, or not heard)"))
+            holders.append(Holder("outside", rest, test="allocated outside this test and not among the leaks of "
+                                                        "earlier tests (broader fixtures, what pytest keeps of an "
+                                                        "earlier failure, between tests, before memlab measured, "
+                                                        "or not heard)"))
     holders.sort(key=lambda h: -h.bytes)
     return Explanation(moment, phase_of(tb), holders, caught)
