@@ -234,7 +234,7 @@ class MemlabPlugin:
                     run.out_of_memory = [m for m in run.out_of_memory if m is not explanation.moment]
                     run.explained.append(explanation)
                     if report.failed:
-                        report.sections.append(("memlab: out of memory", explanation.text(self.options.top)))
+                        report.sections.append(("memlab: out of memory", explanation.rendered))
             if call.when == "teardown":   # the errors the test caught: recorded, not added to anything
                 for moment in run.out_of_memory:
                     run.explained.append(explain_out_of_memory(run, None, None, None, core(), self.options.top,

@@ -86,6 +86,13 @@ def test_the_failure_says_what_held_the_memory_and_which_earlier_test_left_it(in
     key = "failed_by_memlab" if marked else "warned"
     assert tests["test_a_leaves_8mib"][key] == ["cpu leaks"]
     assert "out_of_memory" not in tests["test_d_plain"]
+    assert oom["text"].startswith("memlab: cpu ran out of memory: 1024.00 TiB requested\n  asked at test_oom.py:11")
+    # the timeline of the failed test marks the point; the HTML report shows the section
+    marks = tests["test_b_asks_for_more_than_the_machine_has"]["devices"]["cpu"]["detail"]["marks"]
+    assert [m["label"] for m in marks if m["kind"] == "oom"] == ["out of memory: 1024.00 TiB"]
+    page = inner.runpytest_subprocess("-p", "no:randomly", "--memlab", "--memlab-html=r.html")
+    html = (inner.path / "r.html").read_text()
+    assert "m.kind === 'oom'" in html and "out of memory: 1024.00 TiB" in html
 
 
 def test_a_device_the_test_does_not_measure_is_named_as_such(inner):

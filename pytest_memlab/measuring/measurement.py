@@ -29,7 +29,7 @@ class Mark:
     live: dict = field(default_factory=dict)   # device -> the test's live bytes then
     total: dict = field(default_factory=dict)  # device -> device total then
     seq: dict = field(default_factory=dict)    # device -> its event number then (the timeline's x)
-    kind: str = "mark"                         # "mark" (memlab.mark) or "phase" (marked by itself)
+    kind: str = "mark"                         # "mark" (memlab.mark), "phase" (marked by itself), "oom" (out of memory)
     end: dict = field(default_factory=dict)    # a phase: device -> event number where it ended
 
 
@@ -315,7 +315,7 @@ class Measurement:
                 break
             if m.kind == "phase":
                 phase = m
-            else:
+            elif m.kind == "mark":
                 mark = m
         if phase is not None:
             ended = phase.end.get(device)

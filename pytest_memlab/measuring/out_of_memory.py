@@ -139,6 +139,12 @@ def take_moment(measurement, device: str, request: int | None, frame=None, at_er
         moment.free, moment.capacity = cuda.mem_get_info(index)
     if frame is not None:
         moment.chain = _user_chain_of_stack(frame)
+    if meter is not None and hasattr(meter, "seq"):
+        # the point on the test's timeline (the HTML report marks it)
+        from .measurement import Mark
+
+        size = format_size(request) if request is not None else "a request"
+        measurement.marks.append(Mark(f"out of memory: {size}", 0.0, seq={device: meter.seq()}, kind="oom"))
     return moment
 
 
@@ -244,6 +250,7 @@ class Explanation:
     holders: list
     caught: bool = False     # the test caught the error (it passed, or failed otherwise)
     measured: bool = True    # the test measures the device
+    rendered: str = ""       # text(top), as the failure shows it
 
     def as_dict(self) -> dict:
         m = self.moment
@@ -255,6 +262,7 @@ class Explanation:
             "outside_pytorch": _outside_pytorch(m),
             "holders": [_holder_dict(h) for h in self.holders],
             "measured": self.measured,
+            "text": self.rendered,
         }
 
     def text(self, top: int) -> str:
@@ -344,7 +352,9 @@ def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool =
     if not moment.chain and tb is not None:
         moment.chain = user_chain_of_traceback(tb)
     if run.measurement is None or moment.device not in run.measurement.meters:
-        return Explanation(moment, phase_of(tb), [], caught, measured=False)
+        explanation = Explanation(moment, phase_of(tb), [], caught, measured=False)
+        explanation.rendered = explanation.text(top)
+        return explanation
     holders = [Holder("own", s.bytes, chain=s.chain) for s in moment.own if s.bytes]
     try:
         holders += earlier_tests(session, core, moment.device)
@@ -360,4 +370,6 @@ def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool =
                                                         "earlier failure, between tests, before memlab measured, "
                                                         "or not heard)"))
     holders.sort(key=lambda h: -h.bytes)
-    return Explanation(moment, phase_of(tb), holders, caught)
+    explanation = Explanation(moment, phase_of(tb), holders, caught)
+    explanation.rendered = explanation.text(top)
+    return explanation

@@ -292,7 +292,7 @@ class TestRun:
         suspects of a leak, what the JSON and HTML reports show besides
         (timelines are fetched only then: the engine keeps the last one)."""
         want_sites = with_baseline or bool(detail)   # a baseline or a report keeps them
-        if detail == "flagged" and not (self.failed or self.warned or self.suspects or self.said):
+        if detail == "flagged" and not (self.failed or self.warned or self.suspects or self.said or self.explained):
             detail = ""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,

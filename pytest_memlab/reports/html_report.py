@@ -159,7 +159,7 @@ _SCRIPT = r"""
     band(1, 2, '#d62728', 'own');
     const taken = [];
     det.marks.forEach(function (m) {
-      const x = X(m.at), color = m.kind === 'phase' ? '#2ca02c' : '#9467bd';
+      const x = X(m.at), color = m.kind === 'phase' ? '#2ca02c' : (m.kind === 'oom' ? '#d62728' : '#9467bd');
       svg.appendChild(el('line', {x1: x, x2: x, y1: T, y2: H - B, stroke: color, 'stroke-dasharray': '4 3', class: 'mark'}));
       // along its line, upwards from the bottom (the peak's label is at the
       // top); marks on (nearly) one event step aside
@@ -216,6 +216,13 @@ _SCRIPT = r"""
       }).join('');
       box.appendChild(tab);
     }
+    (t.out_of_memory || []).forEach(function (o) {
+      if (o.device !== dev) return;
+      const pre = document.createElement('pre');
+      pre.className = 'oom';
+      pre.textContent = (o.caught ? '(caught by the test) ' : '') + o.text;
+      box.appendChild(pre);
+    });
     if (d.detail && d.detail.leak) {
       const pre = document.createElement('pre');
       pre.textContent = d.detail.leak;
