@@ -24,7 +24,6 @@ from .judging.verdicts import MemlabLeakWarning, Verdicts
 from .markers import BAD_MARKER, MARKERS, SPECS, bad_markers, stash_specs
 from .measuring.measurement import Measurement
 from .measuring.out_of_memory import Observer as OutOfMemory
-from .measuring.out_of_memory import explain as explain_out_of_memory
 from .measuring.run import TestRun
 from .options import Options, add_options
 from .reports.results import encode
@@ -192,7 +191,7 @@ class MemlabPlugin:
             run.user_failed = True   # memlab has not judged yet: this failure is the test's
         when = call.when
         if call.excinfo is not None or (run.out_of_memory and when == "teardown"):
-            self._out_of_memory(run, report, call)
+            run.explain_out_of_memory(report, call, self.session, core, self.options.top)
         if when == "setup":
             return report
         if when == "call":
@@ -200,7 +199,9 @@ class MemlabPlugin:
                 run.call_failed = True
                 if call.excinfo is not None:
                     run.failure = call.excinfo.tb
-            run.peek_children()
+            run.peek_children(failed)
+            if failed:
+                run.children_out_of_memory(report)
         if when == "teardown" and self.session.ranks is not None:   # measured or not: every rank's turn
             try:
                 self.session.exchange(run)
@@ -220,28 +221,6 @@ class MemlabPlugin:
             # collector walks.
             self._running = None
         return report
-
-    def _out_of_memory(self, run, report, call) -> None:
-        """A test that ran out of memory: memlab's section added to its
-        own failure (never memlab's verdict); one that caught the error
-        has it in the reports only."""
-        try:
-            excinfo = call.excinfo
-            if excinfo is not None:
-                explanation = explain_out_of_memory(run, excinfo.value, excinfo.tb, self.session, core(),
-                                                    self.options.top)
-                if explanation is not None:
-                    run.out_of_memory = [m for m in run.out_of_memory if m is not explanation.moment]
-                    run.explained.append(explanation)
-                    if report.failed:
-                        report.sections.append(("memlab: out of memory", explanation.rendered))
-            if call.when == "teardown":   # the errors the test caught: recorded, not added to anything
-                for moment in run.out_of_memory:
-                    run.explained.append(explain_out_of_memory(run, None, None, None, core(), self.options.top,
-                                                               caught=True, moment=moment))
-                run.out_of_memory = []
-        except Exception as exc:  # memlab's trouble, never the test's
-            run.error = run.error or f"the out-of-memory was not explained: {type(exc).__name__}: {exc}"
 
     # -- the session ----------------------------------------------------------
     def pytest_runtest_logreport(self, report):

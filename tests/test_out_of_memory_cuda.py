@@ -145,3 +145,36 @@ def test_each_out_of_memory_is_explained_with_the_allocators_figures_at_the_erro
     [g] = failed["test_g_catches_it"]
     assert g["caught"] and g["line"][0]["function"] == "test_g_catches_it"
     assert tests["test_g_catches_it"]["outcome"] == "passed"
+
+
+RANKS = """
+import torch, torch.multiprocessing as tmp
+CAP = torch.cuda.get_device_properties(0).total_memory
+
+def work(rank):
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    if rank == 1:
+        y = torch.empty(2 * CAP, dtype=torch.uint8, device="cuda")
+
+def test_ranks():
+    tmp.spawn(work, nprocs=2)
+"""
+
+
+def test_a_rank_that_runs_out_of_memory_names_itself_in_the_tests_failure(inner):
+    inner.makepyfile(test_kids=RANKS)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab", "--memlab-json=r.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*- memlab: out of memory in rank 1 (pid *) -*",
+        "memlab: cuda:0 ran out of memory: * requested",
+        "  asked at test_kids.py:8 work: y = torch.empty(2 * CAP, dtype=torch.uint8, device=\"cuda\")",
+        "  the device at the error: allocated 1.00 GiB, *",
+        "  who held the 1.00 GiB allocated, largest first:",
+        "    1.00 GiB 100%  this process: test_kids.py:6 work: x = torch.empty(*",
+    ])
+    assert "out of memory in rank 0" not in result.stdout.str()
+    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    [rank1] = [p for p in test["processes"] if p["label"] == "rank 1"]
+    [oom] = rank1["out_of_memory"]
+    assert oom["device"] == "cuda:0" and oom["at_error"] and oom["allocated"] == 2**30

@@ -41,6 +41,7 @@ class ChildFigures:
     top: dict = field(default_factory=dict)       # device -> heaviest lines [{file, line, function, bytes, peak_total}]
     at_peak: dict = field(default_factory=dict)   # device -> live at its peak by site [{bytes, chain: [frame]}]
     own: bool = False               # the test's own process (rank 0 under torchrun), listed among the ranks
+    out_of_memory: list = field(default_factory=list)   # each request it could not get, explained (CUDA)
 
     def as_dict(self) -> dict:
         """What the reports keep of it."""
@@ -49,6 +50,8 @@ class ChildFigures:
             out["why"] = self.why
         if self.own:
             out["own"] = True
+        if self.out_of_memory:
+            out["out_of_memory"] = self.out_of_memory
         for device, f in self.devices.items():
             if not f.measured:
                 out["devices"][device] = {"measured": False, "reason": f.reason}
@@ -208,6 +211,7 @@ def read(path: str) -> ChildFigures:
     if record.get("error"):
         child.why = f"part of its measurement was lost: {record['error']}"
     read_devices(child, record.get("devices") or {})
+    child.out_of_memory = [o for o in record.get("out_of_memory") or () if isinstance(o, dict)]
     return child
 
 

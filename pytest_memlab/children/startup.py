@@ -165,6 +165,7 @@ class ChildMeasurement:
         self.measurement = None
         self.error = ""
         self.done = False
+        self.out_of_memory: list = []   # out_of_memory.Moment of each request it could not get (CUDA)
 
     def begin(self) -> None:
         from ..engine.backend import core
@@ -174,6 +175,9 @@ class ChildMeasurement:
         if not self.forked:   # a fork keeps its parent's path rule
             tracing.scope.configure(self.config.get("rootdir"), self.config.get("include") or ())
         self.measurement = Measurement(core(), self._devices(), trace=True)
+        from ..measuring.out_of_memory import Observer
+
+        Observer.run = self   # the whole process is the child's measurement
         os.makedirs(self.config["dir"], exist_ok=True)
         self._write("running", {})
         self.measurement.begin()
@@ -208,16 +212,28 @@ class ChildMeasurement:
         if self.done or self.pid != os.getpid():
             return
         self.done = True
-        devices = {}
+        devices, explained = {}, []
+        top = int(self.config.get("top", 5))
         try:
-            devices = devices_record(self.measurement.end(), int(self.config.get("top", 5)))
+            from ..engine.backend import core
+            from ..measuring.out_of_memory import explain
+
+            # before the measurement ends: the explanation names what was
+            # live at the error, taken then
+            explained = [explain(self, None, None, None, core(), top, moment=m, whose="this process").as_dict()
+                         for m in self.out_of_memory]
+        except Exception as exc:
+            self.error = f"its out-of-memory was not explained: {type(exc).__name__}: {exc}"
+        try:
+            devices = devices_record(self.measurement.end(), top)
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
-        self._write("done", devices)
+        self._write("done", devices, explained)
 
-    def _write(self, state: str, devices: dict) -> None:
+    def _write(self, state: str, devices: dict, out_of_memory: list = ()) -> None:
         inherited = self.config.get("parent_rank")
-        write_record(self.path, state, devices, self.error, _label(inherited), _rank(inherited))
+        write_record(self.path, state, devices, self.error, _label(inherited), _rank(inherited),
+                     out_of_memory=list(out_of_memory))
 
 
 def devices_record(figures: dict, top: int) -> dict:
@@ -242,7 +258,8 @@ def devices_record(figures: dict, top: int) -> dict:
     return devices
 
 
-def write_record(path: str, state: str, devices: dict, error: str, label: str, rank) -> None:
+def write_record(path: str, state: str, devices: dict, error: str, label: str, rank,
+                 out_of_memory: list = ()) -> None:
     """A process's figures file, written atomically (its reader never sees
     half of one): a measured child's, or a rank's per test."""
     from .. import __version__   # this process's own, which the reader checks against its own
@@ -250,6 +267,8 @@ def write_record(path: str, state: str, devices: dict, error: str, label: str, r
     record = {"format": FORMAT, "version": __version__, "pid": os.getpid(),
               "ppid": os.getppid(), "state": state, "label": label, "rank": rank,
               "argv": " ".join(sys.argv)[:200], "devices": devices, "error": error}
+    if out_of_memory:
+        record["out_of_memory"] = list(out_of_memory)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(record, f)

@@ -49,6 +49,7 @@ class Moment:
     own_bytes: int = 0
     chain: list = field(default_factory=list)    # [Frame] the user call chain that asked, innermost first
     at_error: bool = True                        # taken before the stack unwound
+    phase: str = ""                              # from the allocating thread's stack, where it shows one
     note: str = ""
 
 
@@ -139,6 +140,7 @@ def take_moment(measurement, device: str, request: int | None, frame=None, at_er
         moment.free, moment.capacity = cuda.mem_get_info(index)
     if frame is not None:
         moment.chain = _user_chain_of_stack(frame)
+        moment.phase = _phase_of_frames(_frames_outward(frame))
     if meter is not None and hasattr(meter, "seq"):
         # the point on the test's timeline (the HTML report marks it)
         from .measurement import Mark
@@ -222,24 +224,40 @@ def earlier_tests(session, core, device: str, seconds: float = HOLDER_SECONDS) -
     return sorted(out, key=lambda h: -h.bytes)
 
 
-def phase_of(tb) -> str:
-    """The outermost phase function in the traceback: forward (of which
-    module), backward, optimizer step; "" where none ran."""
+def _frames_outward(frame) -> list:
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames
+
+
+def _phase_of_frames(frames) -> str:
+    """The outermost phase function among frames (innermost first):
+    forward (of which module), backward, optimizer step; "" where none
+    ran."""
     t = tracing_module
     codes = t._phase_codes()
     names = {1 + t.PHASE_FORWARD: "forward", 1 + t.PHASE_BACKWARD: "backward", 1 + t.PHASE_STEP: "optimizer step"}
-    while tb is not None:
-        frame = tb.tb_frame
+    found = ""
+    for frame in frames:
         kind = codes.get(frame.f_code)
         if kind is not None:
-            label = names.get(kind, "")
+            found = names.get(kind, "")
             if kind == 1 + t.PHASE_FORWARD:
                 module = frame.f_locals.get("self")
                 if module is not None:
-                    label += f" ({type(module).__name__})"
-            return label
+                    found += f" ({type(module).__name__})"
+    return found
+
+
+def phase_of(tb) -> str:
+    """The outermost phase function in the traceback."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
         tb = tb.tb_next
-    return ""
+    return _phase_of_frames(frames[::-1])
 
 
 # -- the section ----------------------------------------------------------------------
@@ -251,6 +269,7 @@ class Explanation:
     caught: bool = False     # the test caught the error (it passed, or failed otherwise)
     measured: bool = True    # the test measures the device
     rendered: str = ""       # text(top), as the failure shows it
+    whose: str = "this test"  # whose own blocks: a measured child's are "this process"
 
     def as_dict(self) -> dict:
         m = self.moment
@@ -303,7 +322,7 @@ class Explanation:
             share = f"{100 * h.bytes / total:.0f}%"
             if h.kind == "own":
                 where = str(h.chain[0]) if h.chain else "a line out of scope"
-                lines.append(f"  {format_size(h.bytes):>10} {share:>4}  this test: {where}")
+                lines.append(f"  {format_size(h.bytes):>10} {share:>4}  {self.whose}: {where}")
                 lines += [f"                        <- {f}" for f in h.chain[1:3]]
             elif h.kind == "earlier test":
                 held = f" (held by: {'; '.join(h.holders[:3])})" if h.holders else ""
@@ -338,7 +357,7 @@ def _holder_dict(h: Holder) -> dict:
 
 
 def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool = False,
-            moment: Moment | None = None) -> Explanation | None:
+            moment: Moment | None = None, whose: str = "this test") -> Explanation | None:
     """The section for a test that ran out of memory (exc: the error, tb
     its traceback), or None where exc is no out-of-memory."""
     if moment is None:
@@ -352,7 +371,7 @@ def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool =
     if not moment.chain and tb is not None:
         moment.chain = user_chain_of_traceback(tb)
     if run.measurement is None or moment.device not in run.measurement.meters:
-        explanation = Explanation(moment, phase_of(tb), [], caught, measured=False)
+        explanation = Explanation(moment, phase_of(tb) or moment.phase, [], caught, measured=False)
         explanation.rendered = explanation.text(top)
         return explanation
     holders = [Holder("own", s.bytes, chain=s.chain) for s in moment.own if s.bytes]
@@ -370,6 +389,6 @@ def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool =
                                                         "earlier failure, between tests, before memlab measured, "
                                                         "or not heard)"))
     holders.sort(key=lambda h: -h.bytes)
-    explanation = Explanation(moment, phase_of(tb), holders, caught)
+    explanation = Explanation(moment, phase_of(tb) or moment.phase, holders, caught, whose=whose)
     explanation.rendered = explanation.text(top)
     return explanation

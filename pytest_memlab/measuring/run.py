@@ -152,10 +152,11 @@ class TestRun:
         finally:
             self.repeating = False
 
-    def peek_children(self) -> None:
+    def peek_children(self, failed: bool = False) -> None:
         """The children that ended during the call: judged with it (where
-        there is anything to judge: a budget or a baseline)."""
-        if self.armed is not None and self.judged:
+        there is anything to judge: a budget or a baseline), or read for
+        a failed call (a child's out-of-memory joins its failure)."""
+        if self.armed is not None and (self.judged or failed):
             try:
                 self.children = self._children_used(ChildWatch.peek(self.armed))
             except Exception as exc:
@@ -177,6 +178,36 @@ class TestRun:
         """Every rank (under torchrun, rank 0's own included), then the
         other children, as the reports and the failures list them."""
         return [c.as_dict() for c in self.ranks] + [c.as_dict() for c in self.children if c not in self.ranks]
+
+    # -- out of memory ----------------------------------------------------------------
+    def explain_out_of_memory(self, report, call, session, core, top: int) -> None:
+        """A call (or a fixture) that ran out of memory: memlab's section
+        added to its own failure (never memlab's verdict); the errors the
+        test caught are recorded for the reports at its teardown."""
+        from .out_of_memory import explain
+
+        try:
+            excinfo = call.excinfo
+            if excinfo is not None:
+                explanation = explain(self, excinfo.value, excinfo.tb, session, core(), top)
+                if explanation is not None:
+                    self.out_of_memory = [m for m in self.out_of_memory if m is not explanation.moment]
+                    self.explained.append(explanation)
+                    if report.failed:
+                        report.sections.append(("memlab: out of memory", explanation.rendered))
+            if call.when == "teardown":
+                for moment in self.out_of_memory:
+                    self.explained.append(explain(self, None, None, None, core(), top, caught=True, moment=moment))
+                self.out_of_memory = []
+        except Exception as exc:  # memlab's trouble, never the test's
+            self.error = self.error or f"the out-of-memory was not explained: {type(exc).__name__}: {exc}"
+
+    def children_out_of_memory(self, report) -> None:
+        """The sections of the children that ran out of memory, in the
+        failed call's report, each naming the process."""
+        for child in self.children:
+            for o in child.out_of_memory:
+                report.sections.append((f"memlab: out of memory in {child.label} (pid {child.pid})", o.get("text", "")))
 
     # -- what it keeps ---------------------------------------------------------------
     def _held_by_pytest(self, item=None) -> frozenset:
