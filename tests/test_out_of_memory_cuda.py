@@ -168,10 +168,10 @@ def test_a_rank_that_runs_out_of_memory_names_itself_in_the_tests_failure(inner)
     result.stdout.fnmatch_lines([
         "*- memlab: out of memory in rank 1 (pid *) -*",
         "memlab: cuda:0 ran out of memory: * requested",
-        "  asked at test_kids.py:8 work: y = torch.empty(2 * CAP, dtype=torch.uint8, device=\"cuda\")",
+        "  asked at test_kids.py:7 work: y = torch.empty(2 * CAP, dtype=torch.uint8, device=\"cuda\")",
         "  the device at the error: allocated 1.00 GiB, *",
         "  who held the 1.00 GiB allocated, largest first:",
-        "    1.00 GiB 100%  this process: test_kids.py:6 work: x = torch.empty(*",
+        "    1.00 GiB 100%  this process: test_kids.py:5 work: x = torch.empty(*",
     ])
     assert "out of memory in rank 0" not in result.stdout.str()
     test = json.loads((inner.path / "r.json").read_text())["tests"][0]
