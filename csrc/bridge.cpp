@@ -129,7 +129,18 @@ struct CpuAllocator final : public c10::Allocator {
  private:
   static c10::DataPtr take(size_t n) {
     std::atomic_thread_fence(std::memory_order_acquire);  // pairs with install's release
-    c10::DataPtr dp = g_default_cpu->allocate(n);
+    c10::DataPtr dp;
+    try {
+      dp = g_default_cpu->allocate(n);
+    } catch (...) {
+      // The request the machine could not serve, heard before torch's
+      // error goes up (a test that catches it is recorded all the same).
+      if (g_cpu.load(std::memory_order_relaxed)) {
+        forward(MEMLAB_DEVICE_CPU, 0, nullptr, static_cast<int64_t>(n), 0, 0,
+                MEMLAB_SOURCE_FAILED);
+      }
+      throw;
+    }
     // Only a block whose deleter is the default's own (its context is its
     // data) is taken over; any other would never be heard going, a false
     // leak, so it is not heard coming either.

@@ -307,6 +307,43 @@ Engine_record_event(Engine *self, int slot, uintptr_t addr, int64_t size,
     Spinlock_release(&self->record_lock);
 }
 
+/* A request the allocator could not serve: counted, nothing allocated (no
+ * event number, no ledger, no timeline).  Its site is the running line's:
+ * the attribution function given 0 bytes charges nothing. */
+static void
+Device_failed(Engine *self, Device *d, int slot, int64_t size)
+{
+    AttributeFn attribute = atomic_load_explicit(&self->attribute,
+                                                 memory_order_acquire);
+    uint32_t site = attribute == NULL
+                        ? 0
+                        : attribute(atomic_load_explicit(&self->attribute_ctx,
+                                                         memory_order_acquire),
+                                    slot, 0, 0, 0);
+    Spinlock_acquire(&d->lock);
+    d->failed++;
+    d->failed_size = size;
+    d->failed_site = site;
+    Spinlock_release(&d->lock);
+}
+
+void
+Engine_failed(Engine *self, int slot, uint64_t *count, int64_t *size,
+              uint32_t *site)
+{
+    Device *d = Engine_device(self, slot, 0);
+    *count = 0;
+    *size = 0;
+    *site = 0;
+    if (d == NULL)
+        return;
+    Spinlock_acquire(&d->lock);
+    *count = d->failed;
+    *size = d->failed_size;
+    *site = d->failed_site;
+    Spinlock_release(&d->lock);
+}
+
 void
 Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
              int64_t total, int64_t reserved, int source)
@@ -317,6 +354,10 @@ Engine_event(Engine *self, int slot, uintptr_t addr, int64_t size,
                                      memory_order_acquire);
     if (d == NULL)
         return;
+    if (source == EVENT_FAILED) {
+        Device_failed(self, d, slot, size);
+        return;
+    }
     if (atomic_load_explicit(&self->recording, memory_order_relaxed))
         Engine_record_event(self, slot, addr, size, total, reserved, source);
     Spinlock_acquire(&d->lock);

@@ -36,6 +36,7 @@
 enum {
     EVENT_REPORT = MEMLAB_SOURCE_REPORT,
     EVENT_TRACE = MEMLAB_SOURCE_TRACE,
+    EVENT_FAILED = MEMLAB_SOURCE_FAILED,
 };
 
 /* Sticky errors, reported once by Engine_take_error. */
@@ -74,6 +75,9 @@ typedef struct Device {
     uint64_t events;
     uint64_t dropped;
     uint64_t missed_frees;  /* blocks retired because their address came back */
+    uint64_t failed;        /* requests the allocator could not serve (EVENT_FAILED) */
+    int64_t failed_size;    /* the latest one's bytes */
+    uint32_t failed_site;   /* and the site of its call chain (0: unknown) */
     int error;
     /* The timeline of one scope (a test's): kept after the scope closes,
      * until the next one starts. */
@@ -176,6 +180,10 @@ int Engine_timeline_seq(Engine *self, int slot, uint64_t *seq);
  * follow id (its timeline is another scope's, or it ran out of memory). */
 int Engine_kept(Engine *self, int slot, uint32_t id, KeptBlock **out,
                 uint32_t *n, KeptBlock *head);
+/* The requests the device's allocator could not serve, heard so far, with
+ * the latest one's bytes and site (0 of each when none). */
+void Engine_failed(Engine *self, int slot, uint64_t *count, int64_t *size,
+                   uint32_t *site);
 /* Returns and clears the device's sticky error; *dropped gets the count. */
 int Engine_take_error(Engine *self, int slot, uint64_t *dropped);
 

@@ -14,11 +14,13 @@
 extern "C" {
 #endif
 
-#define MEMLAB_BRIDGE_ABI 1
+#define MEMLAB_BRIDGE_ABI 2
 
 /* Where an event came from (the sink's source argument). */
 #define MEMLAB_SOURCE_REPORT 0  /* the thread-local reporter: exact block size */
 #define MEMLAB_SOURCE_TRACE 1   /* the CUDA trace tracker: requested size, any thread */
+#define MEMLAB_SOURCE_FAILED 2  /* memlab's CPU allocator: a request torch's could not serve
+                                   (ptr NULL, size the request), before the error is raised */
 /* c10::DeviceType values the engine measures (the sink's device_type). */
 #define MEMLAB_DEVICE_CPU 0
 #define MEMLAB_DEVICE_CUDA 1

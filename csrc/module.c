@@ -577,6 +577,21 @@ engine_seq(PyObject *Py_UNUSED(module), PyObject *arg)
 }
 
 static PyObject *
+engine_failed(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    long slot = PyLong_AsLong(arg);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    if (check_slot((int)slot) < 0)
+        return NULL;
+    uint64_t count;
+    int64_t size;
+    uint32_t site;
+    Engine_failed(M.engine, (int)slot, &count, &size, &site);
+    return Py_BuildValue("(KLI)", (unsigned long long)count, (long long)size, (unsigned int)site);
+}
+
+static PyObject *
 bridge_bind(PyObject *Py_UNUSED(module), PyObject *args)
 {
     unsigned long long install, uninstall, set_cpu, set_tracker;
@@ -1001,6 +1016,9 @@ static PyMethodDef engine_methods[] = {
      "span_max, span_seq, seq, site, span_site)]): the live blocks of a scope whose timeline runs, "
      "in allocation order, with the most own bytes of each one's span; None "
      "where the device does not follow the scope."},
+    {"failed", engine_failed, METH_O,
+     "failed(slot) -> (count, bytes, site): the requests the device's allocator could not serve, "
+     "the latest one's bytes and site"},
     {"seq", engine_seq, METH_O,
      "seq(slot) -> the device's event number now (where a mark falls)."},
     {"bridge_bind", bridge_bind, METH_VARARGS,

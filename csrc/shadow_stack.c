@@ -175,6 +175,17 @@ ShadowStack_line(ShadowStack *self, const LineClock *clock, uint32_t code,
 }
 
 uint32_t
+ShadowStack_site(ShadowStack *self)
+{
+    int d = atomic_load_explicit(&self->depth, memory_order_acquire);
+    if (d <= 0)
+        return 0;
+    if (d > SHADOW_STACK_DEPTH)
+        d = SHADOW_STACK_DEPTH;
+    return atomic_load_explicit(&self->frames[d - 1].site, memory_order_relaxed);
+}
+
+uint32_t
 ShadowStack_attribute(ShadowStack *self, LineTable *lines, int slot,
                       int64_t size, int64_t total, int64_t reserved)
 {

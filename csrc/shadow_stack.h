@@ -69,6 +69,10 @@ int ShadowStack_line(ShadowStack *self, const LineClock *clock, uint32_t code,
  * their callers' lines (callees included). */
 void ShadowStack_unwind_to(ShadowStack *self, const LineClock *clock, int i);
 
+/* The site of the stack's running line, nothing charged (a request that
+ * failed); 0 when the stack has no frame.  Any thread, no lock. */
+uint32_t ShadowStack_site(ShadowStack *self);
+
 /* The allocator's path, from any thread, without the GIL and without a
  * lock: charges an allocation of size bytes on device slot to the stack's
  * running line (bytes allocated, high-water marks) and returns the site of

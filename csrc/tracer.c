@@ -206,6 +206,8 @@ tracer_attribute(void *ctx, int slot, int64_t size, int64_t total,
         t = atomic_load_explicit(&T.anchor, memory_order_acquire);
     if (t == NULL)
         return 0;
+    if (size == 0)   /* a request that failed (engine.c): its site, nothing charged */
+        return ShadowStack_site(t);
     return ShadowStack_attribute(t, &T.lines, slot, size, total, reserved);
 }
 

@@ -310,6 +310,35 @@ test_recording(void **state)
     assert_int_equal(Engine_end(e, CPU, id, NULL), 0);
 }
 
+/* A request the allocator could not serve is counted with its bytes; it
+ * allocates nothing and is no event of the timeline. */
+static void
+test_a_failed_request_is_counted_and_allocates_nothing(void **state)
+{
+    Engine *e = *state;
+    uint32_t id, site;
+    uint64_t count;
+    int64_t size;
+    Scope s;
+    Engine_failed(e, CPU, &count, &size, &site);
+    assert_int_equal(count, 0);
+    assert_int_equal(Engine_begin(e, CPU, 0, -1, -1, &id), 0);
+    Engine_event(e, CPU, 0x1000, MiB, 0, 0, EVENT_REPORT);
+    uint64_t seq = Engine_seq(e, CPU);
+    Engine_event(e, CPU, 0, (int64_t)1 << 50, 0, 0, EVENT_FAILED);
+    Engine_event(e, CPU, 0, 3 * MiB, 0, 0, EVENT_FAILED);
+    Engine_failed(e, CPU, &count, &size, &site);
+    assert_int_equal(count, 2);
+    assert_int_equal(size, 3 * MiB);
+    assert_int_equal(site, 0);   /* no attribution set */
+    assert_int_equal(Engine_seq(e, CPU), seq);
+    assert_int_equal(Engine_current_total(e, CPU), MiB);
+    assert_int_equal(Engine_end(e, CPU, id, &s), 0);
+    Scope_fini(&s);
+    assert_int_equal(s.peak, MiB);
+    assert_int_equal(s.live, MiB);
+}
+
 int
 main(void)
 {
@@ -324,6 +353,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_replay_cpu_stream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_cuda_stream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recording, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_failed_request_is_counted_and_allocates_nothing, setup, teardown),
     };
     return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
 }

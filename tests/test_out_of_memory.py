@@ -86,6 +86,11 @@ def test_the_failure_says_what_held_the_memory_and_which_earlier_test_left_it(in
     key = "failed_by_memlab" if marked else "warned"
     assert tests["test_a_leaves_8mib"][key] == ["cpu leaks"]
     assert "out_of_memory" not in tests["test_d_plain"]
+    # the one the test caught: memlab's allocator heard it before torch raised
+    [caught] = tests["test_c_catches_it"]["out_of_memory"]
+    assert (caught["caught"], caught["request"], caught["device"]) == (True, 1 << 50, "cpu")
+    assert caught["line"][0] == {"file": "test_oom.py", "line": 15, "function": "test_c_catches_it"}
+    assert tests["test_c_catches_it"]["outcome"] == "passed"
     assert oom["text"].startswith("memlab: cpu ran out of memory: 1024.00 TiB requested\n  asked at test_oom.py:11")
     # the timeline of the failed test marks the point; the HTML report shows the section
     marks = tests["test_b_asks_for_more_than_the_machine_has"]["devices"]["cpu"]["detail"]["marks"]
@@ -139,3 +144,45 @@ def test_an_out_of_memory_under_xdist_is_explained_in_the_workers_failure(inner)
     data = json.loads((inner.path / "r.json").read_text())
     [oom] = next(t for t in data["tests"] if t["nodeid"].endswith("machine_has"))["out_of_memory"]
     assert oom["request"] == 1 << 50
+
+
+
+RANKS = """
+import pytest, torch
+import torch.multiprocessing as tmp
+MiB = 2**20
+pytestmark = pytest.mark.cpu_memory
+
+def work(rank):
+    x = torch.ones(2 * MiB, dtype=torch.uint8)
+    if rank == 1:
+        y = torch.empty(1 << 50, dtype=torch.uint8)
+
+def test_ranks():
+    tmp.spawn(work, nprocs=2)
+"""
+
+
+def test_a_rank_that_runs_out_of_memory_names_itself_in_the_tests_failure(inner):
+    """The rank's own allocator heard the request its process could not
+    get: the test's failure (torch's ProcessRaisedException) gets the
+    rank's section, with the line that asked and what the rank held."""
+    inner.makepyfile(test_kids=RANKS)
+    result = inner.runpytest_subprocess("-p", "no:randomly", "--memlab", "--memlab-json=r.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*- memlab: out of memory in rank 1 (pid *) -*",
+        "memlab: cpu ran out of memory: 1024.00 TiB requested",
+        "  asked at test_kids.py:9 work: y = torch.empty(1 << 50, dtype=torch.uint8)",
+        # on the CPU a child's figures are taken as it ends: its tensors are gone by then
+        "  the machine when the process ended: allocated 0 B (tensors memlab heard), free *, capacity *",
+        "  nothing memlab measured was allocated then",
+    ])
+    assert "out of memory in rank 0" not in result.stdout.str()
+    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    [rank1] = [p for p in test["processes"] if p["label"] == "rank 1"]
+    [oom] = rank1["out_of_memory"]
+    assert (oom["device"], oom["request"]) == ("cpu", 1 << 50)
+    from test_reports import validate
+
+    validate(json.loads((inner.path / "r.json").read_text()))

@@ -166,6 +166,7 @@ class ChildMeasurement:
         self.error = ""
         self.done = False
         self.out_of_memory: list = []   # out_of_memory.Moment of each request it could not get (CUDA)
+        self.cpu_failed = 0             # the CPU's failed requests when it began
 
     def begin(self) -> None:
         from ..engine.backend import core
@@ -181,6 +182,10 @@ class ChildMeasurement:
         os.makedirs(self.config["dir"], exist_ok=True)
         self._write("running", {})
         self.measurement.begin()
+        from ..measuring.out_of_memory import cpu_failures
+
+        failures = cpu_failures(self.measurement)
+        self.cpu_failed = failures[0] if failures is not None else 0
         from ..engine.tracing import WINDOWED
 
         if WINDOWED and not self.forked:
@@ -216,7 +221,12 @@ class ChildMeasurement:
         top = int(self.config.get("top", 5))
         try:
             from ..engine.backend import core
-            from ..measuring.out_of_memory import explain
+            from ..measuring.out_of_memory import cpu_moment, explain
+
+            moment = cpu_moment(self.measurement, self.cpu_failed)   # the CPU: heard by memlab's allocator
+            if moment is not None:
+                moment.when = "when the process ended"
+                self.out_of_memory.append(moment)
 
             # before the measurement ends: the explanation names what was
             # live at the error, taken then

@@ -171,6 +171,12 @@ class EngineMeter:
     def total_now(self) -> int:
         return engine.totals(self.slot)[0]
 
+    def failed_requests(self) -> tuple[int, int, int]:
+        """(count, bytes, site): the requests the device's allocator could
+        not serve so far (memlab's CPU allocator hears them before torch
+        raises), the latest one's bytes and call chain."""
+        return tuple(engine.failed(self.slot))
+
     def seq(self) -> int:
         """The device's event number now: where a mark falls on the timeline."""
         return engine.seq(self.slot)

@@ -50,6 +50,8 @@ class Moment:
     chain: list = field(default_factory=list)    # [Frame] the user call chain that asked, innermost first
     at_error: bool = True                        # taken before the stack unwound
     phase: str = ""                              # from the allocating thread's stack, where it shows one
+    count: int = 1                               # the CPU's failed requests it stands for (the latest's figures)
+    when: str = ""                               # when the figures were taken, where not at the error
     note: str = ""
 
 
@@ -147,6 +149,30 @@ def take_moment(measurement, device: str, request: int | None, frame=None, at_er
 
         size = format_size(request) if request is not None else "a request"
         measurement.marks.append(Mark(f"out of memory: {size}", 0.0, seq={device: meter.seq()}, kind="oom"))
+    return moment
+
+
+def cpu_failures(measurement) -> tuple[int, int, int] | None:
+    """(count, bytes, site) of the CPU requests torch's allocator could not
+    serve so far (memlab's CPU allocator hears them before the error is
+    raised), where the measurement measures the CPU with the engine."""
+    meter = measurement.meters.get(CPU) if measurement is not None else None
+    if meter is None or not hasattr(meter, "failed_requests"):
+        return None
+    return meter.failed_requests()
+
+
+def cpu_moment(measurement, before: int) -> Moment | None:
+    """The latest CPU request that failed since the count was before, as
+    memlab's allocator heard it (its bytes and the line that asked), with
+    the live blocks now."""
+    failures = cpu_failures(measurement)
+    if failures is None or failures[0] <= before:
+        return None
+    _, size, site = failures
+    moment = take_moment(measurement, CPU, size, at_error=False)
+    moment.chain = chain_of(site)
+    moment.count = failures[0] - before
     return moment
 
 
@@ -305,7 +331,7 @@ class Explanation:
         outside = _outside_pytorch(m)
         if outside is not None:
             state.append(f"outside PyTorch {format_size(outside)}")
-        when = "at the error" if m.at_error else "when the failure was reported"
+        when = "at the error" if m.at_error else (m.when or "when the failure was reported")
         lines.append(f"  the {'device' if m.device != CPU else 'machine'} {when}: " + ", ".join(state))
         if (m.reserved is not None and m.allocated is not None and m.request is not None
                 and m.reserved - m.allocated >= m.request):
@@ -315,6 +341,10 @@ class Explanation:
         if not self.measured:
             lines.append(f"  (this test does not measure {m.device}: mark it "
                          f"{'cpu_memory' if m.device == CPU else 'cuda_memory'} to see who held it)")
+            return "\n".join(lines)
+        if not self.holders:
+            if not self.caught:
+                lines.append(f"  nothing memlab measured was allocated then")
             return "\n".join(lines)
         total = m.allocated or sum(h.bytes for h in self.holders) or 1
         lines.append(f"  who held the {format_size(m.allocated or 0)} allocated, largest first:")

@@ -62,6 +62,7 @@ class TestRun:
     item: object = None                   # the test's item, while it runs (what pytest holds of it)
     site_changes: dict = field(default_factory=dict)   # device -> [SiteChange] against the baseline
     out_of_memory: list = field(default_factory=list)  # out_of_memory.Moment of each failed request heard
+    cpu_failed: int = 0                                # the CPU's failed requests before the test (engine.failed)
     explained: list = field(default_factory=list)      # out_of_memory.Explanation of each, for the reports
 
     # -- opening -------------------------------------------------------------------
@@ -86,6 +87,7 @@ class TestRun:
             self.names = {resolved[r]: r for r in [*requested, *others]}
             self.judged = session.baseline is not None or any(spec.marked for spec in self.specs)
             measurement.begin()
+            self.cpu_failed = self._cpu_failures_now(measurement)
             children = session.children
             if children is not None and measurement.meters:
                 try:
@@ -202,6 +204,13 @@ class TestRun:
         except Exception as exc:  # memlab's trouble, never the test's
             self.error = self.error or f"the out-of-memory was not explained: {type(exc).__name__}: {exc}"
 
+    @staticmethod
+    def _cpu_failures_now(measurement) -> int:
+        from .out_of_memory import cpu_failures
+
+        failures = cpu_failures(measurement)
+        return failures[0] if failures is not None else 0
+
     def children_out_of_memory(self, report) -> None:
         """The sections of the children that ran out of memory, in the
         failed call's report, each naming the process."""
@@ -270,6 +279,15 @@ class TestRun:
                                                                                  self.failure)
         except Exception as exc:
             self.error = f"the leak check failed: {type(exc).__name__}: {exc}"
+        try:   # the CPU requests that failed and that the test caught (memlab's allocator heard them)
+            from .out_of_memory import cpu_moment
+
+            explained = sum(1 for e in self.explained if e.moment.device == "cpu")
+            moment = cpu_moment(measurement, self.cpu_failed + explained)
+            if moment is not None:
+                self.out_of_memory.append(moment)
+        except Exception as exc:
+            self.error = self.error or f"the out-of-memory was not explained: {type(exc).__name__}: {exc}"
         kept = {}
         try:
             kept = self._kept(item)
