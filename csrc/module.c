@@ -1143,6 +1143,8 @@ engine_exec(PyObject *module)
     static const struct { const char *name; long value; } constants[] = {
         {"EVENT_REPORT", EVENT_REPORT},
         {"EVENT_TRACE", EVENT_TRACE},
+        {"EVENT_FAILED", EVENT_FAILED},
+        {"BRIDGE_ABI", MEMLAB_BRIDGE_ABI},
         {"EVENT_SIZE", (long)sizeof(Event)},
         {"SLOT_CPU", ENGINE_SLOT_CPU},
         {"MAX_DEVICES", ENGINE_MAX_DEVICES},

@@ -23,6 +23,10 @@ TIMELINE_MAX: int
 LINE_SLOTS: int
 # Lines of a site's call chain, at most.
 SITE_CHAIN: int
+# The bridge's interface version this engine speaks (memlab_bridge.h).
+BRIDGE_ABI: int
+# A request the allocator could not serve (engine.failed counts them).
+EVENT_FAILED: int
 # Phase kinds (tracer_phases; decide's 1 + kind names a phase function).
 PHASE_FORWARD: int
 PHASE_BACKWARD: int

@@ -20,7 +20,9 @@ def test_build_into_cache_is_keyed_and_loadable(tmp_path):
     assert f"abi{facts['abi']}" in path.name
     assert torch.__version__.replace("+", "_") in path.name
     lib = ctypes.CDLL(str(path))
-    assert lib.memlab_bridge_abi() == 1
+    from pytest_memlab import _engine
+
+    assert lib.memlab_bridge_abi() == _engine.BRIDGE_ABI == 2
     assert bb.build(torch, tmp_path) == path  # reused, not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary files left
 
@@ -63,3 +65,23 @@ def test_cuda_totals_without_cuda_fall_back_to_torch(core):
     assert core.bridge.cuda_totals(FakeCuda(), 3) == (1003, 2003)
     with pytest.raises(OverflowError):
         engine.bridge_cuda_totals(2**80)
+
+
+def test_a_bridge_of_another_interface_is_refused_with_a_clear_error(tmp_path):
+    """A bridge built by another pytest-memlab (MEMLAB_BRIDGE) would send
+    events this engine reads otherwise: refused, naming both versions."""
+    import shutil
+    import subprocess
+
+    from pytest_memlab import _engine
+    from pytest_memlab.engine.bridge import Bridge, MemlabCoreError
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "old.c"
+    src.write_text("int memlab_bridge_abi(void) { return 1; }\n")
+    lib = tmp_path / "libold.so"
+    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    with pytest.raises(MemlabCoreError, match=f"speaks interface 1, this engine {_engine.BRIDGE_ABI}: rebuild it"):
+        Bridge(lib)

@@ -26,6 +26,11 @@ class Bridge:
     def __init__(self, path: Path):
         lib = ctypes.CDLL(str(path))
         lib.memlab_bridge_abi.restype = ctypes.c_int
+        abi = lib.memlab_bridge_abi()
+        if abi != _engine.BRIDGE_ABI:
+            # another version's bridge (MEMLAB_BRIDGE) would send events this engine reads otherwise
+            raise MemlabCoreError(f"the torch bridge {path} speaks interface {abi}, this engine "
+                                  f"{_engine.BRIDGE_ABI}: rebuild it with this pytest-memlab")
         lib.memlab_bridge_installed.restype = ctypes.c_int
         for name in ("memlab_bridge_install",):
             getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
