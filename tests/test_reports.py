@@ -557,3 +557,39 @@ def test_over():
     bad = inner.runpytest_inprocess("--memlab-details=some")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*'some' is not one of: flagged, all*"])
+
+
+FLAGGED_SUITE = """
+import pytest, torch
+pytestmark = pytest.mark.cpu_memory
+
+def test_a_plain():
+    x = torch.ones(1024)
+
+@pytest.mark.cpu_memory(max="1K")
+def test_b_over_budget():
+    x = torch.ones(4096)
+"""
+
+
+def test_the_html_report_opens_on_the_flagged_test_and_says_why_a_timeline_is_missing(inner, tmp_path):
+    """Under the default --memlab-details=flagged the page opens on the
+    test memlab failed, and a test kept without a timeline says why and
+    how to keep it (not "measured without the torch bridge", which the
+    header would contradict)."""
+    inner.makepyfile(test_flagged=FLAGGED_SUITE)
+    result = inner.runpytest_inprocess("-p", "no:randomly", "--memlab-html=r.html")
+    result.assert_outcomes(passed=1, failed=1)
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (ci/install installs Debian's chromium)")
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"]
+    page = (inner.path / "r.html").as_uri()
+    dom = subprocess.run(common + ["--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    detail = dom.split('id="detail"', 1)[1].split("<script", 1)[0]
+    assert "test_flagged.py::test_b_over_budget (cpu" in detail.split("</h2>")[0]
+    assert '<svg width="900" height="300" class="timeline"' in detail
+    dom = subprocess.run(common + ["--dump-dom", page + "#test=0"], capture_output=True, text=True, timeout=120).stdout
+    detail = dom.split('id="detail"', 1)[1].split("<script", 1)[0]
+    assert "test_flagged.py::test_a_plain (cpu" in detail.split("</h2>")[0]
+    assert "no timeline: the reports keep timelines only for the tests memlab failed" in detail
+    assert "--memlab-details=all" in detail and "without the torch bridge" not in detail

@@ -204,8 +204,13 @@ _SCRIPT = r"""
       box.appendChild(legend);
       box.appendChild(timeline(d));
     } else {
+      // why it is missing, and how to keep it
       const n = document.createElement('p');
-      n.textContent = 'no timeline: ' + (d.reason || 'measured without the torch bridge');
+      n.className = 'no-timeline';
+      n.textContent = 'no timeline: ' + (!d.measured ? (d.reason || 'not measured') :
+        (/bridge/.test(data.backend || '') ? 'the reports keep timelines only for the tests memlab failed, ' +
+          'warned of or that ran out of memory (--memlab-details=flagged, the default); ' +
+          'run with --memlab-details=all to keep every test\'s' : 'measured without the torch bridge'));
       box.appendChild(n);
     }
     if (d.top.length) {
@@ -286,7 +291,13 @@ _SCRIPT = r"""
   render();
   const m = /test=(\d+)/.exec(location.hash);
   if (m && data.tests[+m[1]]) show(+m[1], Object.keys(data.tests[+m[1]].devices)[0]);
-  else if (rows.length) show(rows[0].i, rows[0].dev);
+  else if (rows.length) {
+    // the first test memlab failed or warned of (or that ran out of memory), else the first
+    const first = rows.find(function (r) {
+      return r.t.failed_by_memlab.length || r.t.warned.length || (r.t.out_of_memory || []).length;
+    }) || rows[0];
+    show(first.i, first.dev);
+  }
   // when the page was ready, from the start of navigation (bench/bench_report.py reads it)
   document.documentElement.setAttribute('data-ready-ms', performance.now().toFixed(0));
 })();
