@@ -176,16 +176,13 @@ class ChildMeasurement:
         if not self.forked:   # a fork keeps its parent's path rule
             tracing.scope.configure(self.config.get("rootdir"), self.config.get("include") or ())
         self.measurement = Measurement(core(), self._devices(), trace=True)
-        from ..measuring.out_of_memory import Observer
+        from ..measuring.out_of_memory import Observer, cpu_failure_count
 
         Observer.run = self   # the whole process is the child's measurement
         os.makedirs(self.config["dir"], exist_ok=True)
         self._write("running", {})
         self.measurement.begin()
-        from ..measuring.out_of_memory import cpu_failures
-
-        failures = cpu_failures(self.measurement)
-        self.cpu_failed = failures[0] if failures is not None else 0
+        self.cpu_failed = cpu_failure_count(self.measurement)
         from ..engine.tracing import WINDOWED
 
         if WINDOWED and not self.forked:

@@ -72,6 +72,15 @@ def chain_of(site: int) -> list[Frame]:
     return [frame_of(code, lineno) for code, lineno in engine.site(site)]
 
 
+def bytes_by_site(blocks) -> list[tuple[int, list[Frame]]]:
+    """Blocks ((addr, size, scope, site), as the engine lists them) summed
+    by site, heaviest first: [(bytes, chain)]."""
+    by_site: dict[int, int] = {}
+    for _, size, _, site in blocks:
+        by_site[site] = by_site.get(site, 0) + size
+    return sorted(((b, chain_of(site)) for site, b in by_site.items()), key=lambda e: -e[0])
+
+
 @dataclass
 class SiteBytes:
     bytes: int

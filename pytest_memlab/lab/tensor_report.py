@@ -100,19 +100,18 @@ def unreachable_blocks(report: StorageReport, device: str, blocks) -> None:
     the engine's ledger) that no row's storage lies in, by site."""
     import bisect
 
-    from ..engine.attribution import chain_of
+    from ..engine.attribution import bytes_by_site
 
     d = report.devices.get(device)
     if d is None:
         d = report.devices[device] = DeviceStorage(device)
     ptrs = sorted(r.ptr for r in d.rows if r.ptr)
-    by_site: dict[int, int] = {}
-    for addr, size, _, site in blocks:
-        i = bisect.bisect_left(ptrs, addr)
-        if i < len(ptrs) and ptrs[i] < addr + size:
-            continue
-        by_site[site] = by_site.get(site, 0) + size
-    d.unreachable_blocks = sorted(((b, chain_of(site)) for site, b in by_site.items()), key=lambda e: -e[0])
+
+    def unreachable(block) -> bool:
+        i = bisect.bisect_left(ptrs, block[0])
+        return not (i < len(ptrs) and ptrs[i] < block[0] + block[1])
+
+    d.unreachable_blocks = bytes_by_site(filter(unreachable, blocks))
 
 
 def _device_name(device) -> str:

@@ -43,14 +43,13 @@ class Suspect:
 @dataclass
 class LeakSuspects:
     pending: list[Suspect] = field(default_factory=list)
+    left: list[Suspect] = field(default_factory=list)   # leaks confirmed at their teardown, still watched
     _watches: dict = field(default_factory=dict)   # device -> Watch
     # (device, addr) -> the latest suspect with a block there: a later
     # suspect's block at an earlier one's address was allocated after that
     # one's block went (the watch, armed again by the later one, cannot say)
     _owners: dict = field(default_factory=dict)
     _gone: set = field(default_factory=set)       # (id(suspect), addr) of blocks gone so
-
-    left: list[Suspect] = field(default_factory=list)   # leaks confirmed at their teardown, still watched
 
     def __bool__(self) -> bool:
         return bool(self.pending)
@@ -88,31 +87,28 @@ class LeakSuspects:
             watch.clear()
         self.pending, self.left, self._watches, self._owners, self._gone = [], [], {}, {}, set()
 
-    def _drop_gone(self) -> None:
-        """Each suspect keeps the blocks whose address is still watched and
-        that no later suspect's block took."""
+    def _held_blocks(self, suspect: Suspect) -> list:
+        """A suspect's blocks whose address is still watched and that no
+        later suspect's block took."""
+        still = self._watches[suspect.device].still([b[0] for b in suspect.blocks])
         gone = self._gone
+        return [b for b, kept in zip(suspect.blocks, still) if kept and (id(suspect), b[0]) not in gone]
+
+    def _drop_gone(self) -> None:
+        """Each suspect keeps only its blocks still held (_held_blocks)."""
         for suspect in self.pending:
-            watch = self._watches[suspect.device]
-            still = watch.still([b[0] for b in suspect.blocks])
-            suspect.blocks = [b for b, kept in zip(suspect.blocks, still)
-                              if kept and (id(suspect), b[0]) not in gone]
+            suspect.blocks = self._held_blocks(suspect)
 
     def still_held(self, device: str) -> list:
         """[(suspect, blocks)] of the suspects on device whose blocks are
         still allocated, as far as the engine heard (an out-of-memory's
         explanation: which earlier test left what), without taking them."""
-        watch = self._watches.get(device)
-        if watch is None:
-            return []
         out = []
         for suspect in self.left + self.pending:
-            if suspect.device != device or not suspect.blocks:
-                continue
-            still = watch.still([b[0] for b in suspect.blocks])
-            blocks = [b for b, kept in zip(suspect.blocks, still) if kept and (id(suspect), b[0]) not in self._gone]
-            if blocks:
-                out.append((suspect, blocks))
+            if suspect.device == device and suspect.blocks:
+                blocks = self._held_blocks(suspect)
+                if blocks:
+                    out.append((suspect, blocks))
         return out
 
     def confirm(self, core, seconds: float, params: dict[int, str] | None = None) -> list:
@@ -127,9 +123,7 @@ class LeakSuspects:
         # every block gone (heard freed since): nothing is held, and the
         # figure says so like any other suspect's
         out = [(s, Leak(s.device, 0, s.allowed)) for s in self.pending if not s.blocks]
-        for watch in self._watches.values():
-            watch.clear()
-        self.pending, self.left, self._watches, self._owners, self._gone = [], [], {}, {}, set()
+        self.forget()
         if not suspects:
             return out
         by_device = {d: [s for s in suspects if s.device == d] for d in sorted({s.device for s in suspects})}

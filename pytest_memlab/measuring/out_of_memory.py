@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..devices import CPU
-from ..engine.attribution import Frame, SiteBytes, chain_of, frame_of
+from ..engine.attribution import Frame, SiteBytes, bytes_by_site, chain_of, frame_of
 from ..engine import tracing as tracing_module
 from ..engine.tracing import tracing
 from ..sizes import format_size
@@ -46,11 +46,9 @@ class Moment:
     free: int | None = None
     capacity: int | None = None
     own: list = field(default_factory=list)      # [SiteBytes] this test's live blocks by site
-    own_bytes: int = 0
     chain: list = field(default_factory=list)    # [Frame] the user call chain that asked, innermost first
     at_error: bool = True                        # taken before the stack unwound
     phase: str = ""                              # from the allocating thread's stack, where it shows one
-    count: int = 1                               # the CPU's failed requests it stands for (the latest's figures)
     when: str = ""                               # when the figures were taken, where not at the error
     note: str = ""
 
@@ -77,33 +75,31 @@ def failed_request(exc: BaseException) -> tuple[str, int | None] | None:
 
 
 # -- the moment ---------------------------------------------------------------------
-def _user_chain_of_stack(frame) -> list[Frame]:
-    chain, scope = [], tracing.scope
+def stack_of_frame(frame) -> list:
+    """[(frame, line)] from frame outwards: innermost first."""
+    stack = []
     while frame is not None:
-        code = frame.f_code
-        if scope.rootdir is not None and scope.file_in_scope(code.co_filename):
-            chain.append(frame_of(code, frame.f_lineno))
+        stack.append((frame, frame.f_lineno))
         frame = frame.f_back
-    return chain
+    return stack
 
 
-def user_chain_of_traceback(tb) -> list[Frame]:
-    """The in-scope frames of a traceback, innermost first."""
-    frames, scope = [], tracing.scope
+def stack_of_traceback(tb) -> list:
+    """[(frame, line)] of a traceback, innermost first (the line each
+    frame was at when the error went through it)."""
+    stack = []
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if scope.rootdir is not None and scope.file_in_scope(code.co_filename):
-            frames.append(frame_of(code, tb.tb_lineno))
+        stack.append((tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
-    return frames[::-1]
+    return stack[::-1]
 
 
-def _own_by_site(meter) -> tuple[list, int]:
-    by_site: dict[int, int] = {}
-    for _, size, _, site in meter.live_blocks():
-        by_site[site] = by_site.get(site, 0) + size
-    own = sorted((SiteBytes(b, chain_of(s)) for s, b in by_site.items()), key=lambda e: -e.bytes)
-    return own, sum(by_site.values())
+def user_chain(stack) -> list[Frame]:
+    """The in-scope frames of a stack (innermost first), as Frames."""
+    scope = tracing.scope
+    if scope.rootdir is None:
+        return []
+    return [frame_of(f.f_code, line) for f, line in stack if scope.file_in_scope(f.f_code.co_filename)]
 
 
 def _cpu_figures() -> tuple[int | None, int | None]:
@@ -127,7 +123,7 @@ def take_moment(measurement, device: str, request: int | None, frame=None, at_er
     moment = Moment(device, request, at_error=at_error)
     meter = measurement.meters.get(device) if measurement is not None else None
     if meter is not None and hasattr(meter, "live_blocks"):
-        moment.own, moment.own_bytes = _own_by_site(meter)
+        moment.own = [SiteBytes(b, chain) for b, chain in bytes_by_site(meter.live_blocks())]
     if device == CPU:
         # the CPU's ledger keeps a test's blocks only while it is measured:
         # what is allocated is this test's and, added by explain, what
@@ -141,8 +137,9 @@ def take_moment(measurement, device: str, request: int | None, frame=None, at_er
         moment.reserved = stats.get("reserved_bytes.all.current")
         moment.free, moment.capacity = cuda.mem_get_info(index)
     if frame is not None:
-        moment.chain = _user_chain_of_stack(frame)
-        moment.phase = _phase_of_frames(_frames_outward(frame))
+        stack = stack_of_frame(frame)
+        moment.chain = user_chain(stack)
+        moment.phase = phase_of(stack)
     if meter is not None and hasattr(meter, "seq"):
         # the point on the test's timeline (the HTML report marks it)
         from .measurement import Mark
@@ -162,6 +159,13 @@ def cpu_failures(measurement) -> tuple[int, int, int] | None:
     return meter.failed_requests()
 
 
+def cpu_failure_count(measurement) -> int:
+    """How many CPU requests failed so far (0 where the CPU is not measured
+    with the engine): a test's or a child's count when it begins."""
+    failures = cpu_failures(measurement)
+    return failures[0] if failures is not None else 0
+
+
 def cpu_moment(measurement, before: int) -> Moment | None:
     """The latest CPU request that failed since the count was before, as
     memlab's allocator heard it (its bytes and the line that asked), with
@@ -172,7 +176,6 @@ def cpu_moment(measurement, before: int) -> Moment | None:
     _, size, site = failures
     moment = take_moment(measurement, CPU, size, at_error=False)
     moment.chain = chain_of(site)
-    moment.count = failures[0] - before
     return moment
 
 
@@ -242,31 +245,20 @@ def earlier_tests(session, core, device: str, seconds: float = HOLDER_SECONDS) -
                 for t in site.tensors:
                     holder.holders += [h for h in t.holders if h not in holder.holders]
         else:
-            by_site: dict[int, int] = {}
-            for _, size, _, site in blocks:
-                by_site[site] = by_site.get(site, 0) + size
-            holder.sites = [(b, chain_of(s)) for s, b in sorted(by_site.items(), key=lambda kv: -kv[1])]
+            holder.sites = bytes_by_site(blocks)
         out.append(holder)
     return sorted(out, key=lambda h: -h.bytes)
 
 
-def _frames_outward(frame) -> list:
-    frames = []
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    return frames
-
-
-def _phase_of_frames(frames) -> str:
-    """The outermost phase function among frames (innermost first):
-    forward (of which module), backward, optimizer step; "" where none
-    ran."""
+def phase_of(stack) -> str:
+    """The outermost phase function of a stack ([(frame, line)], innermost
+    first): forward (of which module), backward, optimizer step; "" where
+    none ran."""
     t = tracing_module
     codes = t._phase_codes()
     names = {1 + t.PHASE_FORWARD: "forward", 1 + t.PHASE_BACKWARD: "backward", 1 + t.PHASE_STEP: "optimizer step"}
     found = ""
-    for frame in frames:
+    for frame, _ in stack:
         kind = codes.get(frame.f_code)
         if kind is not None:
             found = names.get(kind, "")
@@ -275,15 +267,6 @@ def _phase_of_frames(frames) -> str:
                 if module is not None:
                     found += f" ({type(module).__name__})"
     return found
-
-
-def phase_of(tb) -> str:
-    """The outermost phase function in the traceback."""
-    frames = []
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    return _phase_of_frames(frames[::-1])
 
 
 # -- the section ----------------------------------------------------------------------
@@ -344,7 +327,7 @@ class Explanation:
             return "\n".join(lines)
         if not self.holders:
             if not self.caught:
-                lines.append(f"  nothing memlab measured was allocated then")
+                lines.append("  nothing memlab measured was allocated then")
             return "\n".join(lines)
         total = m.allocated or sum(h.bytes for h in self.holders) or 1
         lines.append(f"  who held the {format_size(m.allocated or 0)} allocated, largest first:")
@@ -398,12 +381,19 @@ def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool =
         moment = next((m for m in reversed(run.out_of_memory) if m.device == device), None)
         if moment is None:
             moment = take_moment(run.measurement, device, request, at_error=False)
-    if not moment.chain and tb is not None:
-        moment.chain = user_chain_of_traceback(tb)
-    if run.measurement is None or moment.device not in run.measurement.meters:
-        explanation = Explanation(moment, phase_of(tb) or moment.phase, [], caught, measured=False)
-        explanation.rendered = explanation.text(top)
-        return explanation
+    stack = stack_of_traceback(tb)
+    if not moment.chain:
+        moment.chain = user_chain(stack)
+    measured = run.measurement is not None and moment.device in run.measurement.meters
+    holders = _holders(moment, session, core) if measured else []
+    explanation = Explanation(moment, phase_of(stack) or moment.phase, holders, caught, measured=measured, whose=whose)
+    explanation.rendered = explanation.text(top)
+    return explanation
+
+
+def _holders(moment: Moment, session, core) -> list[Holder]:
+    """Who held the device's allocated bytes at the moment, largest first:
+    the test's own lines, the earlier tests' blocks, the rest."""
     holders = [Holder("own", s.bytes, chain=s.chain) for s in moment.own if s.bytes]
     try:
         holders += earlier_tests(session, core, moment.device)
@@ -419,6 +409,4 @@ def explain(run, exc: BaseException, tb, session, core, top: int, caught: bool =
                                                         "earlier failure, between tests, before memlab measured, "
                                                         "or not heard)"))
     holders.sort(key=lambda h: -h.bytes)
-    explanation = Explanation(moment, phase_of(tb) or moment.phase, holders, caught, whose=whose)
-    explanation.rendered = explanation.text(top)
-    return explanation
+    return holders

@@ -23,6 +23,7 @@ from ..judging.messages import leak_report
 from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
 from .measurement import Measurement
+from .out_of_memory import cpu_failure_count, cpu_moment, explain
 
 
 @dataclass(slots=True)
@@ -87,7 +88,7 @@ class TestRun:
             self.names = {resolved[r]: r for r in [*requested, *others]}
             self.judged = session.baseline is not None or any(spec.marked for spec in self.specs)
             measurement.begin()
-            self.cpu_failed = self._cpu_failures_now(measurement)
+            self.cpu_failed = cpu_failure_count(measurement)
             children = session.children
             if children is not None and measurement.meters:
                 try:
@@ -186,8 +187,6 @@ class TestRun:
         """A call (or a fixture) that ran out of memory: memlab's section
         added to its own failure (never memlab's verdict); the errors the
         test caught are recorded for the reports at its teardown."""
-        from .out_of_memory import explain
-
         try:
             excinfo = call.excinfo
             if excinfo is not None:
@@ -203,13 +202,6 @@ class TestRun:
                 self.out_of_memory = []
         except Exception as exc:  # memlab's trouble, never the test's
             self.error = self.error or f"the out-of-memory was not explained: {type(exc).__name__}: {exc}"
-
-    @staticmethod
-    def _cpu_failures_now(measurement) -> int:
-        from .out_of_memory import cpu_failures
-
-        failures = cpu_failures(measurement)
-        return failures[0] if failures is not None else 0
 
     def children_out_of_memory(self, report) -> None:
         """The sections of the children that ran out of memory, in the
@@ -280,8 +272,6 @@ class TestRun:
         except Exception as exc:
             self.error = f"the leak check failed: {type(exc).__name__}: {exc}"
         try:   # the CPU requests that failed and that the test caught (memlab's allocator heard them)
-            from .out_of_memory import cpu_moment
-
             explained = sum(1 for e in self.explained if e.moment.device == "cpu")
             moment = cpu_moment(measurement, self.cpu_failed + explained)
             if moment is not None:
