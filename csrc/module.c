@@ -55,6 +55,23 @@ check_slot(int slot)
     return 0;
 }
 
+/* A device slot given as a Python int (a METH_O argument); checked
+ * before it is narrowed, so that no large value wraps into range. */
+static int
+slot_arg(PyObject *arg, int *slot)
+{
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v >= ENGINE_MAX_DEVICES) {
+        PyErr_Format(PyExc_ValueError, "device slot %ld is out of range 0..%d",
+                     v, ENGINE_MAX_DEVICES - 1);
+        return -1;
+    }
+    *slot = (int)v;
+    return 0;
+}
+
 static int
 keys_init(void)
 {
@@ -344,14 +361,12 @@ engine_alloc_log_start(PyObject *Py_UNUSED(module), PyObject *args)
 static PyObject *
 engine_alloc_log_take(PyObject *Py_UNUSED(module), PyObject *arg)
 {
-    long slot = PyLong_AsLong(arg);
+    int slot;
     uint32_t n;
     uint64_t dropped;
-    if (slot == -1 && PyErr_Occurred())
+    if (slot_arg(arg, &slot) < 0)
         return NULL;
-    if (check_slot((int)slot) < 0)
-        return NULL;
-    AllocEntry *log = Engine_alloc_log_take(M.engine, (int)slot, &n, &dropped);
+    AllocEntry *log = Engine_alloc_log_take(M.engine, slot, &n, &dropped);
     PyObject *list = PyList_New(n), *result = NULL;
     if (list == NULL)
         goto error;
@@ -440,12 +455,10 @@ engine_watched(PyObject *Py_UNUSED(module), PyObject *args)
 static PyObject *
 engine_unwatch(PyObject *Py_UNUSED(module), PyObject *arg)
 {
-    long slot = PyLong_AsLong(arg);
-    if (slot == -1 && PyErr_Occurred())
+    int slot;
+    if (slot_arg(arg, &slot) < 0)
         return NULL;
-    if (check_slot((int)slot) < 0)
-        return NULL;
-    Engine_unwatch(M.engine, (int)slot);
+    Engine_unwatch(M.engine, slot);
     Py_RETURN_NONE;
 }
 
@@ -568,26 +581,22 @@ error:
 static PyObject *
 engine_seq(PyObject *Py_UNUSED(module), PyObject *arg)
 {
-    long slot = PyLong_AsLong(arg);
-    if (slot == -1 && PyErr_Occurred())
+    int slot;
+    if (slot_arg(arg, &slot) < 0)
         return NULL;
-    if (check_slot((int)slot) < 0)
-        return NULL;
-    return PyLong_FromUnsignedLongLong(Engine_seq(M.engine, (int)slot));
+    return PyLong_FromUnsignedLongLong(Engine_seq(M.engine, slot));
 }
 
 static PyObject *
 engine_failed(PyObject *Py_UNUSED(module), PyObject *arg)
 {
-    long slot = PyLong_AsLong(arg);
-    if (slot == -1 && PyErr_Occurred())
-        return NULL;
-    if (check_slot((int)slot) < 0)
+    int slot;
+    if (slot_arg(arg, &slot) < 0)
         return NULL;
     uint64_t count;
     int64_t size;
     uint32_t site;
-    Engine_failed(M.engine, (int)slot, &count, &size, &site);
+    Engine_failed(M.engine, slot, &count, &size, &site);
     return Py_BuildValue("(KLI)", (unsigned long long)count, (long long)size, (unsigned int)site);
 }
 
