@@ -1,6 +1,8 @@
 """Acceptance tests of the plugin on CPU tensors, through pytester: exit
 codes, outcomes and what the user reads."""
 
+import os
+
 import pytest
 
 from conftest import requires_torch
@@ -125,6 +127,8 @@ def test_bad():
 
 def test_a_marker_added_by_a_hook_is_checked_too(inner):
     inner.makeconftest("""
+import os
+
 import pytest
 def pytest_collection_modifyitems(items):
     for item in items:
@@ -174,6 +178,8 @@ def pytest_collection_modifyitems(items):
         print("SPECS", item.name, [(s.device, s.max) for s in specs_for(item)])
 """)
     inner.makepyfile(test_gpus="""
+import os
+
 import pytest
 
 @pytest.mark.cuda_memory(max="1MiB", device="cuda:0")
@@ -463,3 +469,34 @@ def test_gpu(i):
 """)
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines(["not measured: 5 tests (test_inner.py::test_gpu[0], ...) cuda: CUDA is not available"])
+
+
+def test_pytest_does_not_rewrite_memlabs_modules(inner, monkeypatch):
+    """pytest rewrites an entry-point plugin's modules on every start where
+    bytecode is not written (0.5-1 s for memlab's); memlab's own are left to
+    Python's import, while the test files keep pytest's assert rewriting.
+    The package is found on sys.path, as an installed (not editable) one
+    is: pytest's hook rewrites only what the path finder finds."""
+    import pytest_memlab
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(pytest_memlab.__file__)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    inner.makepyfile(test_loaded="""
+import sys
+from _pytest.assertion.rewrite import AssertionRewritingHook
+
+def test_loaders():
+    import pytest_memlab.measuring.run, pytest_memlab.judging.verdicts
+    rewritten = sorted(name for name, module in sys.modules.items() if name.startswith("pytest_memlab.")
+                       and isinstance(getattr(module, "__loader__", None), AssertionRewritingHook))
+    assert rewritten == []
+    assert isinstance(sys.modules[__name__].__loader__, AssertionRewritingHook)
+
+def test_rewriting_still_explains():
+    x = [1, 2]
+    assert x == [1, 3]
+""")
+    result = inner.runpytest_subprocess("--memlab", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "E       assert [1, 2] == [1, 3]" in result.stdout.str()
