@@ -222,6 +222,35 @@ def test_from_a_signal_handler():
     assert [t["devices"][name]["leaked"] for t in report["tests"]] == [0, 0, 0]
 
 
+@requires_torch
+def test_a_failed_tests_locals_are_no_leak_in_a_large_session(inner):
+    """The failed frames' tensors are found however much of pytest their
+    locals reach: a request reaches the session and its 3000 items, which
+    once used up the search's bound before the tensor (a false leak)."""
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    inner.makepyfile(test_big=f"""
+import pytest, torch
+
+@pytest.mark.parametrize("i", range(3000))
+def test_many(i, request):
+    pass
+
+def test_fails(request):
+    x = torch.empty(2**20, dtype=torch.uint8, device="{dev}")
+    held = [request] * 3
+    pytest.fail("own")
+""")
+    result = inner.runpytest_inprocess("--memlab", "--memlab-leaks=fail", "--memlab-json=r.json", "-p", "no:randomly")
+    result.assert_outcomes(passed=3000, failed=1)
+    out = result.stdout.str()
+    assert "leaked" not in out and "failed by memlab" not in out, out
+    report = json.loads((inner.path / "r.json").read_text())
+    name = "cuda:0" if dev == "cuda" else "cpu"
+    assert [t["devices"][name]["leaked"] for t in report["tests"] if t["nodeid"].endswith("test_fails")] == [0]
+
+
 def test_a_bad_marker_a_hook_adds_under_xdist_is_said_cleanly(inner):
     pytest.importorskip("xdist")
     inner.makeconftest("""

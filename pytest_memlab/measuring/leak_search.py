@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import os
 import sys
 import time
 import types
@@ -345,21 +346,36 @@ def _held_by_pytest(item, failure) -> tuple[list, set[int]]:
     for tb in (getattr(sys, "last_traceback", None), failure):
         while tb is not None:
             frame = tb.tb_frame
-            if frame.f_code.co_filename != __file__ and id(frame) not in look_past:
+            if id(frame) not in look_past and not _machinery_file(frame.f_code.co_filename):
                 roots += list(frame.f_locals.values())
                 look_past.add(id(frame))
             tb = tb.tb_next
     return roots, look_past
 
 
+# pytest's and memlab's own code: a failure's traceback runs through their
+# frames, whose locals (the item, the session, the request) reach the whole
+# session; what the test's frames or fixtures hold is reached from those.
+_MACHINERY = tuple(os.path.dirname(os.path.abspath(sys.modules[name].__file__)) + os.sep
+                   for name in ("_pytest", "pluggy", __package__.partition(".")[0])
+                   if getattr(sys.modules.get(name), "__file__", None))
+_MACHINERY_MODULES = ("_pytest.", "pluggy.", "pytest_memlab.")
+
+
+def _machinery_file(filename: str) -> bool:
+    return filename.startswith(_MACHINERY) or filename == __file__
+
+
 def _reach(roots: list, limit: int) -> dict[int, object]:
     """id -> object of what roots reach through containers and attributes
-    (not through modules, classes or functions), within limit."""
+    (not through modules, classes or functions, nor into pytest's objects:
+    a request reaches the session and every test), within limit."""
     reached: dict[int, object] = {}
     stack = list(roots)
     while stack and len(reached) < limit:
         obj = stack.pop()
-        if id(obj) in reached or isinstance(obj, (types.ModuleType, type, types.FunctionType)):
+        if id(obj) in reached or isinstance(obj, (types.ModuleType, type, types.FunctionType)) \
+                or str(type(obj).__module__).startswith(_MACHINERY_MODULES):
             continue
         reached[id(obj)] = obj
         stack.extend(gc.get_referents(obj))
