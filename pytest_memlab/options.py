@@ -13,22 +13,24 @@ from pathlib import Path
 from .judging.verdicts import DEFAULT_TOLERANCE, LEAK_POLICIES
 from .sizes import SizeError, Tolerance, parse_tolerance
 
-REPORT_KINDS = ("term", "json:PATH", "html:PATH")
+# The reports written to a file: kind -> what the user reads it as.
+FILE_REPORTS = {"json": "JSON", "html": "HTML", "bmf": "Bencher (BMF)", "gab": "github-action-benchmark"}
+REPORT_KINDS = ("term", *(f"{kind}:PATH" for kind in FILE_REPORTS))
 
 
 def report_spec(value: str) -> tuple[str, ...]:
-    """Checks --memlab-report=SPEC at parse time: a comma list of ``term``,
-    ``json:PATH`` and ``html:PATH``."""
+    """Checks --memlab-report=SPEC at parse time: a comma list of ``term``
+    and KIND:PATH for each report written to a file (json, html, bmf, gab)."""
     parts = tuple(p.strip() for p in value.split(",") if p.strip()) or ("term",)
     for part in parts:
         kind, _, path = part.partition(":")
-        if kind in ("json", "html"):
+        if kind in FILE_REPORTS:
             if not path.strip():
                 raise argparse.ArgumentTypeError(f"{part!r} names no file (write {kind}:PATH)")
             continue
         if part != "term":
             raise argparse.ArgumentTypeError(
-                f"{part!r} is not a report (expected a comma list of: term, json:PATH, html:PATH)"
+                f"{part!r} is not a report (expected a comma list of: {', '.join(REPORT_KINDS)})"
             )
     return parts
 
@@ -140,7 +142,8 @@ def add_options(parser) -> None:
     group.addoption(
         "--memlab-report", nargs="?", action=ReportAction, default=None, metavar="SPEC",
         help="report the measured tests; implies --memlab.  --memlab-report alone is the terminal table; "
-             "--memlab-report=SPEC a comma list of: term, json:PATH, html:PATH (ini: memlab_report)",
+             "--memlab-report=SPEC a comma list of: term, json:PATH, html:PATH, bmf:PATH (Bencher's Metric "
+             "Format), gab:PATH (github-action-benchmark's customSmallerIsBetter) (ini: memlab_report)",
     )
     group.addoption(
         "--memlab-json", default=None, metavar="PATH",
@@ -290,7 +293,8 @@ def _refuse_one_file_twice(report, baseline) -> None:
     files: a report written over the baseline would destroy it."""
     import pytest
 
-    named = [(f"the {part[:4].upper()} report", part[5:]) for part in report or () if part[:5] in ("json:", "html:")]
+    named = [(f"the {FILE_REPORTS[kind]} report", path)
+             for kind, _, path in (part.partition(":") for part in report or ()) if kind in FILE_REPORTS]
     if baseline is not None:
         named.append(("the baseline", str(baseline)))
     seen: dict = {}
@@ -326,13 +330,17 @@ class Options:
 
     # Asked in every measured test: computed once (cached_property writes
     # the instance's __dict__, which a frozen dataclass allows).
+    def paths(self, kind: str) -> list[str]:
+        """The files a report of kind (FILE_REPORTS) is written to."""
+        return [part.split(":", 1)[1] for part in self.report or () if part.startswith(kind + ":")]
+
     @cached_property
     def json_paths(self) -> list[str]:
-        return [part.split(":", 1)[1] for part in self.report or () if part.startswith("json:")]
+        return self.paths("json")
 
     @cached_property
     def html_paths(self) -> list[str]:
-        return [part.split(":", 1)[1] for part in self.report or () if part.startswith("html:")]
+        return self.paths("html")
 
     @cached_property
     def detail(self) -> bool:

@@ -128,15 +128,68 @@ def test_a_path_after_the_bare_flag_is_a_path(inner):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("xml", "'xml' is not a report (expected a comma list of: term, json:PATH, html:PATH)"),
+    ("xml", "'xml' is not a report (expected a comma list of: term, json:PATH, html:PATH, bmf:PATH, gab:PATH)"),
     ("json:", "'json:' names no file (write json:PATH)"),
     ("html:", "'html:' names no file (write html:PATH)"),
+    ("bmf:", "'bmf:' names no file (write bmf:PATH)"),
+    ("gab: ", "'gab:' names no file (write gab:PATH)"),
+    ("json:r.json,bmf:r.json", "the JSON report and the Bencher (BMF) report name the same file (r.json)*"),
 ])
 def test_a_bad_report_spec_is_a_usage_error(inner, spec, message):
     inner.makepyfile(test_suite=SUITE)
     result = inner.runpytest_inprocess(f"--memlab-report={spec}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}"])
+
+
+# Bencher's published schema for BMF (https://bencher.dev/bmf.json), and the
+# shape github-action-benchmark's README gives its customSmallerIsBetter
+# input (name, unit, value required; range, extra optional strings).
+BMF_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema", "type": "object",
+    "patternProperties": {".+": {"type": "object", "patternProperties": {".+": {
+        "type": "object", "required": ["value"],
+        "properties": {"value": {"type": "number"}, "lower_value": {"type": "number"},
+                       "upper_value": {"type": "number"}}}}}},
+}
+GAB_SCHEMA = {
+    "type": "array", "items": {
+        "type": "object", "required": ["name", "unit", "value"], "additionalProperties": False,
+        "properties": {"name": {"type": "string"}, "unit": {"type": "string"}, "value": {"type": "number"},
+                       "range": {"type": "string"}, "extra": {"type": "string"}}},
+}
+
+
+def test_the_dashboard_exports_hold_the_figures_in_their_formats(inner):
+    """bmf:PATH and gab:PATH: each valid against its format's published
+    shape, each figure the JSON report's (a test's own peak: the 3 MiB it
+    allocated; what a test left: the 1 MiB it kept), measured devices only."""
+    jsonschema = pytest.importorskip("jsonschema")
+    inner.makepyfile(test_suite=SUITE + """
+kept = []
+
+@pytest.mark.cpu_memory(leaks="2M")   # the CPU, also where there is CUDA
+def test_leaves():
+    kept.append(torch.empty(MiB, dtype=torch.uint8))
+""")
+    result = inner.runpytest_inprocess("--memlab-report=json:r.json,bmf:dash/b.json,gab:g.json", "-p", "no:randomly")
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.fnmatch_lines(["Bencher (BMF) report: dash/b.json", "github-action-benchmark report: g.json"])
+    bmf = json.loads((inner.path / "dash" / "b.json").read_text())
+    gab = json.loads((inner.path / "g.json").read_text())
+    jsonschema.validate(bmf, BMF_SCHEMA)
+    jsonschema.validate(gab, GAB_SCHEMA)
+    report = {t["nodeid"]: t["devices"]["cpu"] for t in json.loads((inner.path / "r.json").read_text())["tests"]}
+    assert sorted(bmf) == sorted(report)
+    for nodeid, cpu in report.items():
+        assert bmf[nodeid] == {"memlab peak cpu": {"value": cpu["peak"]}, "memlab leaked cpu": {"value": cpu["leaked"]}}
+    assert bmf["test_suite.py::test_within"]["memlab peak cpu"]["value"] == 3 * 2**20
+    assert bmf["test_suite.py::test_leaves"]["memlab leaked cpu"]["value"] == 2**20
+    assert [(e["name"], e["value"]) for e in gab] == [
+        (f"{nodeid} [cpu] {what}", report[nodeid][what]) for nodeid in sorted(report) for what in ("peak", "leaked")]
+    assert {e["unit"] for e in gab} == {"bytes"}
+    within = next(e for e in gab if e["name"] == "test_suite.py::test_within [cpu] peak")
+    assert within["extra"] == "own peak 3.0 MiB; max 8.0 MiB"
 
 
 def test_an_unwritable_json_report_is_said_and_fails_the_run(inner):
@@ -593,3 +646,25 @@ def test_the_html_report_opens_on_the_flagged_test_and_says_why_a_timeline_is_mi
     assert "test_flagged.py::test_a_plain (cpu" in detail.split("</h2>")[0]
     assert "no timeline: the reports keep timelines only for the tests memlab failed" in detail
     assert "--memlab-details=all" in detail and "without the torch bridge" not in detail
+
+
+def test_the_readmes_dashboard_samples_are_what_memlab_writes(inner):
+    """The README's two samples, written by a real run of the test they name."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("### Dashboards: Bencher and github-action-benchmark")[1].split("\n### ")[0]
+    samples = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", section, re.S)]
+    assert len(samples) == 2
+    inner.makepyfile(test_model="""
+import pytest, torch
+
+@pytest.mark.cpu_memory(max="8M")
+def test_forward():
+    x = torch.empty(3 * 2**20, dtype=torch.uint8)
+    x.fill_(1)
+""")
+    inner.runpytest_inprocess("--memlab-report=bmf:b.json,gab:g.json").assert_outcomes(passed=1)
+    assert json.loads((inner.path / "b.json").read_text()) == samples[0]
+    assert json.loads((inner.path / "g.json").read_text()) == samples[1]

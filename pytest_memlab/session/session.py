@@ -25,7 +25,8 @@ from ..judging.messages import cache_report, leak_report
 from ..judging.verdicts import MemlabLeakWarning, sort_suspects
 from ..measuring.leak_search import HOLDER_SECONDS, first_use_held, parameter_roots
 from ..measuring.leak_suspects import LeakSuspects
-from ..reports import html_report, json_report
+from ..options import FILE_REPORTS
+from ..reports import dashboards, html_report, json_report
 from ..reports.results import TestResult, decode
 from ..reports.terminal import baseline_summary, summary
 from .gpu_pinning import plan_gpus
@@ -185,11 +186,13 @@ class MemlabSession:
                 self.write_failed = True
                 self.lines.append((f"pytest-memlab: the baseline {self.options.baseline} was not "
                                    f"written: {type(exc).__name__}: {exc}", True))
-        reports = [("JSON", path, json_report) for path in self.options.json_paths]
-        reports += [("HTML", path, html_report) for path in self.options.html_paths]
-        for kind, path, module in reports:
+        writers = {"json": json_report.write, "html": html_report.write,
+                   "bmf": dashboards.write_bmf, "gab": dashboards.write_gab}
+        reports = [(FILE_REPORTS[kind], path, write) for kind, write in writers.items()
+                   for path in self.options.paths(kind)]
+        for kind, path, write in reports:
             try:
-                module.write(path, self.results, self.controller.environment(), self.controller.backend(), self.caches)
+                write(path, self.results, self.controller.environment(), self.controller.backend(), self.caches)
                 self.lines.append((f"{kind} report: {path}", False))
             except Exception as exc:
                 self.write_failed = True
