@@ -241,6 +241,12 @@ def add_options(parser) -> None:
         help="under pytest-xdist, give each worker its own N GPUs (default 1) through CUDA_VISIBLE_DEVICES, "
              "set before CUDA starts; write --memlab-gpus-per-worker=N (ini: memlab_gpus_per_worker)",
     )
+    group.addoption(
+        "--memlab-summary", default=None, metavar="PATH",
+        help="append a Markdown summary of the run (memlab's failures, the baseline's largest changes, "
+             "leaks, caches) to PATH; default $GITHUB_STEP_SUMMARY where set; 'off' writes none "
+             "(ini: memlab_summary)",
+    )
     parser.addini("memlab_baseline", default="", help="as --memlab-baseline (relative to the rootdir)")
     parser.addini("memlab_update_baseline", default="false", help="as --memlab-update-baseline")
     parser.addini("memlab_prune_baseline", default="false", help="as --memlab-prune-baseline")
@@ -260,6 +266,7 @@ def add_options(parser) -> None:
     parser.addini("memlab_snapshot", default="", help="as --memlab-snapshot (relative to the rootdir)")
     parser.addini("memlab_require_cuda", default="false", help="as --memlab-require-cuda")
     parser.addini("memlab_children", default="on", help="as --memlab-children (on or off)")
+    parser.addini("memlab_summary", default="", help="as --memlab-summary (relative to the rootdir; off: none)")
     parser.addini("memlab_rank_dir", default="", help="as --memlab-rank-dir (relative to the rootdir)")
     parser.addini("memlab_rank_timeout", default="60", help="as --memlab-rank-timeout (seconds)")
 
@@ -306,6 +313,22 @@ def _refuse_one_file_twice(report, baseline) -> None:
         seen.setdefault(key, (what, path))
 
 
+def _summary_path(config) -> str | None:
+    """--memlab-summary, else the ini's, else $GITHUB_STEP_SUMMARY; 'off'
+    is none."""
+    import pytest
+
+    path = config.getoption("memlab_summary")
+    if path is not None and not path.strip():
+        raise pytest.UsageError("--memlab-summary names no file (write --memlab-summary=PATH, or off)")
+    if path is None and config.getini("memlab_summary").strip():
+        ini = config.getini("memlab_summary").strip()
+        path = ini if ini.lower() == "off" else str(config.rootpath / ini)
+    if path is None:
+        path = os.environ.get("GITHUB_STEP_SUMMARY", "").strip() or None
+    return None if path is None or path.strip().lower() == "off" else path
+
+
 @dataclass(frozen=True)
 class Options:
     report: tuple[str, ...] | None
@@ -327,6 +350,7 @@ class Options:
     children: bool = True
     rank_dir: str | None = None
     rank_timeout: float = 60.0
+    summary: str | None = None      # the Markdown summary's file (reports/pr_summary.py)
 
     # Asked in every measured test: computed once (cached_property writes
     # the instance's __dict__, which a frozen dataclass allows).
@@ -442,6 +466,7 @@ class Options:
                 raise pytest.UsageError(f"ini memlab_rank_timeout: {exc}") from None
         _refuse_one_file_twice(report, baseline)
         return cls(
+            summary=_summary_path(config),
             rank_dir=rank_dir,
             rank_timeout=rank_timeout,
             children=children,

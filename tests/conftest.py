@@ -8,6 +8,10 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+# A CI job's summary file: every run these tests start would append memlab's
+# section there (the summary's own tests name their file).
+os.environ.pop("GITHUB_STEP_SUMMARY", None)
+
 HAS_ASYNCIO = importlib.util.find_spec("pytest_asyncio") is not None
 HAS_BENCHMARK = importlib.util.find_spec("pytest_benchmark") is not None
 

@@ -668,3 +668,111 @@ def test_forward():
     inner.runpytest_inprocess("--memlab-report=bmf:b.json,gab:g.json").assert_outcomes(passed=1)
     assert json.loads((inner.path / "b.json").read_text()) == samples[0]
     assert json.loads((inner.path / "g.json").read_text()) == samples[1]
+
+
+SUMMARY_SUITE = """
+import pytest, torch
+MiB = 2**20
+GROW = {grow}
+_TABLE = {{}}
+_GROWS = []
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # what an unmarked test measures
+
+def constant(dtype):
+    if dtype not in _TABLE:
+        _TABLE[dtype] = torch.ones(1024, dtype=dtype, device=DEV)
+    return _TABLE[dtype]
+
+@pytest.mark.cpu_memory
+def test_model():
+    weights = torch.empty(2 * MiB + GROW, dtype=torch.uint8)
+    weights.fill_(1)
+
+@pytest.mark.cpu_memory(max="1M")
+def test_over():
+    x = torch.empty(3 * MiB, dtype=torch.uint8)
+    x.fill_(1)
+
+@pytest.mark.cpu_memory
+def test_keeps():
+    _GROWS.append(torch.empty(MiB // 2, dtype=torch.uint8))
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float32, torch.float64])
+def test_uses_the_cache(dtype):
+    constant(dtype).sum()
+"""
+
+
+def test_the_pull_request_summary_is_appended_where_github_says(inner, monkeypatch):
+    """$GITHUB_STEP_SUMMARY set: each run appends its section, whose tables
+    render as tables (markdown-it, GitHub's flavour of tables) and hold the
+    run's figures: the test memlab failed, the regression against the
+    baseline with the line that grew, the leak, the cache."""
+    markdown_it = pytest.importorskip("markdown_it")
+    summary = inner.path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    inner.makepyfile(test_suite=SUMMARY_SUITE.format(grow=0))
+    inner.runpytest_inprocess("--memlab-baseline=bl.json", "--memlab-update-baseline", "-p", "no:randomly")
+    first = summary.read_text()
+    import torch
+
+    dev = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert first.startswith("## pytest-memlab\n") and "7 tests measured · 2 failed by memlab" in first
+    inner.makepyfile(test_suite=SUMMARY_SUITE.format(grow="MiB"))
+    result = inner.runpytest_inprocess("--memlab-baseline=bl.json", "-p", "no:randomly")
+    result.assert_outcomes(passed=5, failed=2, errors=1)
+    text = summary.read_text()
+    assert text.startswith(first) and text.count("## pytest-memlab") == 2
+    second = text[len(first):]
+    assert "7 tests measured · 3 failed by memlab · baseline: 1 regressed, 0 improved, 0 new · 1 leaking" in second
+    html = markdown_it.MarkdownIt("commonmark").enable("table").render(second)
+    tables = [[[cell.split(">", 1)[1].split("</t")[0] for cell in row.split("<t")[1:] if cell[:2] in ("d>", "h>")
+                or cell.startswith(("d ", "h "))]
+               for row in table.split("<tr>")[1:]] for table in html.split("<table>")[1:]]
+    assert tables[0] == [["test", "for", "own peak"],
+                         ["<code>test_suite.py::test_keeps</code>", "cpu leaks", "cpu 0 B"],
+                         ["<code>test_suite.py::test_model</code>", "cpu baseline", "cpu 3.0 MiB"],
+                         ["<code>test_suite.py::test_over</code>", "cpu max", "cpu 3.0 MiB"]]
+    assert tables[1][0] == ["test", "device", "baseline", "now", "change", "what grew where"]
+    assert tables[1][1][:5] == ["<code>test_suite.py::test_model</code>", "cpu", "2.0 MiB", "3.0 MiB", "+50.0%"]
+    assert tables[1][1][5].startswith("+1.0 MiB <code>weights = torch.empty(2 * MiB + GROW, dtype=torch.uint8)</code>")
+    assert tables[2] == [["test", "device", "left"], ["<code>test_suite.py::test_keeps</code>", "cpu", "512.0 KiB"]]
+    assert tables[3] == [["holder", "device", "bytes", "filled by"],
+                         ["<code>module test_suite, global _TABLE</code>", dev, "12.0 KiB",
+                          "<code>test_suite.py::test_uses_the_cache[dtype0]</code>"]]
+
+
+def test_the_summary_follows_its_option(inner, monkeypatch):
+    """--memlab-summary=PATH writes there; off writes none, $GITHUB_STEP_SUMMARY
+    set or not; an empty one is a usage error."""
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(inner.path / "github.md"))
+    inner.makepyfile(test_suite=SUITE)
+    inner.runpytest_inprocess("--memlab-summary=mine.md")
+    assert (inner.path / "mine.md").read_text().startswith("## pytest-memlab\n")
+    assert not (inner.path / "github.md").exists()
+    inner.runpytest_inprocess("--memlab-summary=off")
+    assert not (inner.path / "github.md").exists()
+    result = inner.runpytest_inprocess("--memlab-summary=")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--memlab-summary names no file (write --memlab-summary=PATH, or off)"])
+
+
+def test_the_readmes_summary_sample_is_what_memlab_writes(inner, monkeypatch):
+    """The README's sample summary, written by the runs it shows (CPU only:
+    on CUDA the unmarked cache tests measure the GPU)."""
+    import pathlib
+    import re
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the sample is the CPU machine's")
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("### The pull-request summary")[1].split("\n### memory_viz")[0]
+    sample = re.findall(r"```markdown\n(.*?)```", section, re.S)[0]
+    inner.makepyfile(test_suite=SUMMARY_SUITE.format(grow=0))
+    inner.runpytest_inprocess("--memlab-baseline=bl.json", "--memlab-update-baseline", "-p", "no:randomly")
+    inner.makepyfile(test_suite=SUMMARY_SUITE.format(grow="MiB"))
+    inner.runpytest_inprocess("--memlab-baseline=bl.json", "--memlab-summary=s.md", "-p", "no:randomly")
+    assert (inner.path / "s.md").read_text() == sample + "\n"

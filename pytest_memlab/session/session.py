@@ -26,7 +26,7 @@ from ..judging.verdicts import MemlabLeakWarning, sort_suspects
 from ..measuring.leak_search import HOLDER_SECONDS, first_use_held, parameter_roots
 from ..measuring.leak_suspects import LeakSuspects
 from ..options import FILE_REPORTS
-from ..reports import dashboards, html_report, json_report
+from ..reports import dashboards, html_report, json_report, pr_summary
 from ..reports.results import TestResult, decode
 from ..reports.terminal import baseline_summary, summary
 from .gpu_pinning import plan_gpus
@@ -197,6 +197,12 @@ class MemlabSession:
             except Exception as exc:
                 self.write_failed = True
                 self.lines.append((f"pytest-memlab: the {kind} report {path} was not written: "
+                                   f"{type(exc).__name__}: {exc}", True))
+        if self.options.summary and self.results:
+            try:
+                pr_summary.append(self.options.summary, self.results, self.caches)
+            except Exception as exc:   # the run's outcome stays the tests'
+                self.lines.append((f"pytest-memlab: the summary {self.options.summary} was not written: "
                                    f"{type(exc).__name__}: {exc}", True))
         if self.write_failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
