@@ -57,6 +57,7 @@ Engine_new(void)
     atomic_init(&e->recording, 0);
     atomic_init(&e->attribute, NULL);
     atomic_init(&e->attribute_ctx, NULL);
+    atomic_init(&e->phases, 0u);
     Spinlock_init(&e->record_lock);
     return e;
 }
@@ -461,6 +462,7 @@ Engine_timeline_start(Engine *self, int slot, uint32_t id)
     d->timeline_depth = (int)(s - d->stack.scopes);
     /* Its kept blocks are followed from its first allocation on; a scope
      * that allocated already cannot say what it kept. */
+    d->kept.phases = atomic_load(&self->phases);
     Kept_start(&d->kept, id, d->seq);
     d->kept.lost = s->allocs != 0;
     ret = 0;
@@ -564,6 +566,21 @@ Engine_seq(Engine *self, int slot)
     uint64_t seq = 0;
     (void)Engine_timeline_seq(self, slot, &seq);
     return seq;
+}
+
+void
+Engine_set_phases(Engine *self, unsigned mask)
+{
+    atomic_store(&self->phases, mask);
+    for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
+        Device *d = atomic_load_explicit(&self->devices[slot], memory_order_acquire);
+        if (d == NULL)
+            continue;
+        Spinlock_acquire(&d->lock);
+        int64_t own = d->kept.scope != 0 ? d->stack.scopes[d->timeline_depth].live : 0;
+        Kept_set_phases(&d->kept, mask, own);
+        Spinlock_release(&d->lock);
+    }
 }
 
 int
@@ -718,6 +735,7 @@ Engine_kept(Engine *self, int slot, uint32_t id, KeptBlock **out, uint32_t *n,
     head->span_max = d->kept.head_max;
     head->span_seq = d->kept.head_seq;
     head->span_site = d->kept.head_site;
+    head->phases = d->kept.head_phases;
     ret = 0;
 error:
     Spinlock_release(&d->lock);

@@ -105,6 +105,7 @@ typedef struct Engine {
     atomic_int recording;
     _Atomic(AttributeFn) attribute;
     _Atomic(void *) attribute_ctx;  /* read on the event path, set by the API */
+    atomic_uint phases;             /* the measuring thread's phases: 1 << kind each */
 } Engine;
 
 Engine *Engine_new(void);
@@ -118,6 +119,10 @@ void Engine_sink(void *ctx, int device_type, int device_index, void *ptr,
                  int64_t size, uint64_t total, uint64_t reserved, int source);
 
 void Engine_set_attribution(Engine *self, AttributeFn fn, void *ctx);
+/* The phases the measuring thread runs are now mask (1 << kind each,
+ * phases.h): every device whose kept blocks follow a scope keeps each
+ * phase's peak from here on (kept.h). */
+void Engine_set_phases(Engine *self, unsigned mask);
 
 /* A fork while another thread holds a device's lock would leave the lock
  * held in the child, whose first event would spin forever (memlab's CPU

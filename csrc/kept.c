@@ -3,6 +3,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Each phase running starts at own bytes (reached by site); the others
+ * did not run: -1. */
+static void
+KeptPhases_clear(KeptPhases *p, unsigned running, int64_t own)
+{
+    for (int k = 0; k < PHASE_KINDS; k++) {
+        p->max[k] = (running >> k) & 1u ? own : -1;
+        p->site[k] = 0;
+    }
+}
+
+static void
+KeptPhases_reach(KeptPhases *p, unsigned running, int64_t own, uint32_t site)
+{
+    for (int k = 1; k < PHASE_KINDS; k++) {
+        if (((running >> k) & 1u) && own > p->max[k]) {
+            p->max[k] = own;
+            p->site[k] = site;
+        }
+    }
+}
+
+/* A freed block's span joins the one before it: per phase, the larger. */
+static void
+KeptPhases_fold(KeptPhases *into, const KeptPhases *from)
+{
+    for (int k = 1; k < PHASE_KINDS; k++) {
+        if (from->max[k] > into->max[k]) {
+            into->max[k] = from->max[k];
+            into->site[k] = from->site[k];
+        }
+    }
+}
+
 void
 Kept_start(Kept *self, uint32_t scope, uint64_t seq)
 {
@@ -20,6 +54,7 @@ Kept_start(Kept *self, uint32_t scope, uint64_t seq)
     self->head_max = 0;
     self->head_seq = seq;
     self->head_site = 0;
+    KeptPhases_clear(&self->head_phases, self->phases, 0);
 }
 
 void
@@ -66,9 +101,11 @@ Kept_reach(Kept *self, int64_t own, uint64_t seq, uint32_t site)
             self->head_seq = seq;
             self->head_site = site;
         }
+        KeptPhases_reach(&self->head_phases, self->phases, own, site);
         return;
     }
     KeptBlock *b = &self->slots[self->last - 1];
+    KeptPhases_reach(&b->phases, self->phases, own, site);
     if (own > b->span_max) {
         b->span_max = own;
         b->span_seq = seq;
@@ -94,6 +131,9 @@ Kept_on_alloc(Kept *self, uintptr_t addr, int64_t size, uint32_t site,
     b->seq = seq;
     b->site = site;
     b->span_site = site;
+    KeptPhases_clear(&b->phases, self->phases, own);
+    for (int k = 1; k < PHASE_KINDS; k++)
+        b->phases.site[k] = site;
     b->prev = self->last;
     b->next = 0;
     if (self->last != 0)
@@ -131,6 +171,7 @@ Kept_on_free(Kept *self, uint32_t slot)
             p->span_seq = b->span_seq;
             p->span_site = b->span_site;
         }
+        KeptPhases_fold(&p->phases, &b->phases);
         p->next = b->next;
     } else {
         if (b->span_max > self->head_max) {
@@ -138,6 +179,7 @@ Kept_on_free(Kept *self, uint32_t slot)
             self->head_seq = b->span_seq;
             self->head_site = b->span_site;
         }
+        KeptPhases_fold(&self->head_phases, &b->phases);
         self->first = b->next;
     }
     if (b->next != 0)
@@ -147,6 +189,22 @@ Kept_on_free(Kept *self, uint32_t slot)
     b->addr = 0;
     b->next = self->free_list;
     self->free_list = slot;
+}
+
+void
+Kept_set_phases(Kept *self, unsigned mask, int64_t own)
+{
+    unsigned started = mask & ~self->phases;
+    self->phases = mask;
+    if (self->scope == 0 || started == 0)
+        return;
+    KeptPhases *p = self->last == 0 ? &self->head_phases : &self->slots[self->last - 1].phases;
+    for (int k = 1; k < PHASE_KINDS; k++) {
+        if (((started >> k) & 1u) && own > p->max[k]) {
+            p->max[k] = own;
+            p->site[k] = 0;
+        }
+    }
 }
 
 uint32_t

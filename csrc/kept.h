@@ -23,6 +23,19 @@
 
 #include <stdint.h>
 
+#include "phases.h"
+
+/* Each phase's peak without what was kept comes from the same walk: a span
+ * also keeps, per phase kind (phases.h; index 0 unused), the most own bytes
+ * while that phase ran, -1 where it did not run in the span.  The phases
+ * running are a mask of 1 << kind, set by the engine as the measuring
+ * thread enters and leaves them; the own bytes at a phase's start count
+ * for it (they are live while it runs). */
+typedef struct KeptPhases {
+    int64_t max[PHASE_KINDS];
+    uint32_t site[PHASE_KINDS]; /* site of the allocation that reached it; 0: live at the phase's start */
+} KeptPhases;
+
 typedef struct KeptBlock {
     uintptr_t addr;
     int64_t size;
@@ -33,6 +46,7 @@ typedef struct KeptBlock {
     uint32_t span_site; /* site of the allocation that reached span_max */
     uint32_t prev;      /* neighbours in allocation order, index + 1 (0: none); */
     uint32_t next;      /* a free slot's next is the free list's */
+    KeptPhases phases;  /* per phase, as span_max */
 } KeptBlock;
 
 typedef struct Kept {
@@ -45,6 +59,8 @@ typedef struct Kept {
     int64_t head_max;       /* most own bytes before the first live block */
     uint64_t head_seq;
     uint32_t head_site;
+    KeptPhases head_phases;
+    unsigned phases;        /* the phases running: 1 << kind each */
 } Kept;
 
 /* Follows a scope from its start (own bytes 0 at event seq); forgets the
@@ -63,6 +79,9 @@ void Kept_on_resize(Kept *self, uint32_t slot, int64_t delta, int64_t own,
                     uint64_t seq);
 /* The block in slot was freed. */
 void Kept_on_free(Kept *self, uint32_t slot);
+/* The phases running are now mask (1 << kind each); own is the scope's
+ * live bytes, which count for each phase that starts. */
+void Kept_set_phases(Kept *self, unsigned mask, int64_t own);
 /* How many live blocks the tracker holds. */
 uint32_t Kept_count(const Kept *self);
 /* Copies the live blocks, in allocation order, into dst (room for max);

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include "phases.h"
 #include "tracer.h"
 
 /* d[keys[k]] = v, stealing the reference to v (NULL: an error set). */
@@ -396,17 +397,25 @@ engine_kept(PyObject *Py_UNUSED(module), PyObject *args)
         goto error;
     for (uint32_t i = 0; i < n; i++) {
         const KeptBlock *b = &buf[i];
-        PyObject *t = Py_BuildValue("(KLLKKII)", (unsigned long long)b->addr,
+        const KeptPhases *p = &b->phases;
+        PyObject *t = Py_BuildValue("(KLLKKII((LI)(LI)(LI)))", (unsigned long long)b->addr,
                                     (long long)b->size, (long long)b->span_max,
                                     (unsigned long long)b->span_seq,
                                     (unsigned long long)b->seq, b->site,
-                                    b->span_site);
+                                    b->span_site,
+                                    (long long)p->max[PHASE_FORWARD], p->site[PHASE_FORWARD],
+                                    (long long)p->max[PHASE_BACKWARD], p->site[PHASE_BACKWARD],
+                                    (long long)p->max[PHASE_STEP], p->site[PHASE_STEP]);
         if (t == NULL)
             goto error;
         PyList_SET_ITEM(blocks, i, t);
     }
-    result = Py_BuildValue("((LKI)O)", (long long)head.span_max,
+    const KeptPhases *hp = &head.phases;
+    result = Py_BuildValue("((LKI((LI)(LI)(LI)))O)", (long long)head.span_max,
                            (unsigned long long)head.span_seq, head.span_site,
+                           (long long)hp->max[PHASE_FORWARD], hp->site[PHASE_FORWARD],
+                           (long long)hp->max[PHASE_BACKWARD], hp->site[PHASE_BACKWARD],
+                           (long long)hp->max[PHASE_STEP], hp->site[PHASE_STEP],
                            blocks);
 error:
     Py_XDECREF(blocks);

@@ -133,6 +133,20 @@ Tracer_thread(void)
 
 /* -- phases --------------------------------------------------------------- */
 
+/* The measuring thread's phases, for each phase's peak (kept.h): other
+ * threads' phases (a forward in a pool thread) are theirs, not the test's. */
+static void
+publish_phases(ShadowStack *t)
+{
+    if (t != atomic_load_explicit(&T.anchor, memory_order_acquire))
+        return;
+    unsigned mask = 0;
+    for (int k = 1; k < PHASE_KINDS; k++)
+        if (t->phase_depth[k] > 0)
+            mask |= 1u << k;
+    Engine_set_phases(T.engine, mask);
+}
+
 void
 Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
 {
@@ -147,6 +161,7 @@ Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
             PhaseLog_add(&T.phases, ci->phase, slot, seq, label);
     }
+    publish_phases(t);
 }
 
 void
@@ -162,6 +177,7 @@ Tracer_phase_leave(ShadowStack *t, const CodeInfo *ci)
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
             PhaseLog_add(&T.phases, -ci->phase, slot, seq, "");
     }
+    publish_phases(t);
 }
 
 PyObject *
@@ -258,6 +274,7 @@ Tracer_start(PyObject *decide)
     }
     for (ShadowStack *t = T.threads; t != NULL; t = t->next)
         ShadowStack_reset(t);
+    Engine_set_phases(T.engine, 0);
     ShadowStack *anchor = Tracer_thread();
     if (anchor == NULL)
         return PyErr_NoMemory();
@@ -284,9 +301,11 @@ Tracer_stop(int park)
         T.parked = 1;
     else
         rc = Backend_off();
-    /* Lines still running end now, so their peaks count. */
+    /* Lines still running end now, so their peaks count; phases are not
+     * heard while stopped. */
     for (ShadowStack *t = T.threads; t != NULL; t = t->next)
         ShadowStack_unwind_to(t, &T.clock, 0);
+    Engine_set_phases(T.engine, 0);
     if (rc < 0)
         return NULL;
     if (raise_stored_error() < 0)

@@ -253,6 +253,102 @@ test_random_streams_against_brute_force(void **state)
     }
 }
 
+/* Each phase's peak without a subset of the kept blocks, as the plugin
+ * computes it from the spans; -1 where the phase never ran. */
+static int64_t
+phase_peak_without(const KeptBlock *b, uint32_t n, const KeptBlock *head,
+                   const int *kept, int kind)
+{
+    int64_t best = head->phases.max[kind], cum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (kept[i])
+            cum += b[i].size;
+        if (b[i].phases.max[kind] >= 0 && b[i].phases.max[kind] - cum > best)
+            best = b[i].phases.max[kind] - cum;
+    }
+    return best;
+}
+
+/* Random streams with the phases switched at random moments: per phase,
+ * for every subset of the blocks live at the end, the peak without them
+ * equals a brute force over every moment the phase ran (each event in it,
+ * and its start, whose live bytes count for it). */
+static void
+test_phase_peaks_against_brute_force(void **state)
+{
+    Engine *e = *state;
+    enum { EVENTS = 300, ADDRS = 10, MOMENTS = 2 * EVENTS };
+    srand(11);
+    for (int round = 0; round < 150; round++) {
+        uint32_t id;
+        int64_t live_size[ADDRS] = {0};
+        int64_t mom_own[MOMENTS];
+        uint64_t mom_seq[MOMENTS];
+        unsigned mom_mask[MOMENTS];
+        int moments = 0;
+        unsigned mask = 0;
+        Engine_set_phases(e, 0);
+        assert_int_equal(Engine_begin(e, CPU, 0, -1, -1, &id), 0);
+        assert_int_equal(Engine_timeline_start(e, CPU, id), 0);
+        int64_t now = 0;
+        for (int i = 0; i < EVENTS; i++) {
+            if (rand() % 8 == 0) {
+                mask = (unsigned)(rand() % 8) << 1;   /* forward, backward, step */
+                Engine_set_phases(e, mask);
+                mom_own[moments] = now;
+                mom_seq[moments] = Engine_seq(e, CPU);
+                mom_mask[moments++] = mask;
+            }
+            int a = rand() % ADDRS;
+            uintptr_t addr = 0x1000 + 0x100 * (uintptr_t)a;
+            int64_t size;
+            if (live_size[a] != 0) {
+                size = -live_size[a];
+                live_size[a] = 0;
+            } else {
+                size = 1 + rand() % 1000;
+                live_size[a] = size;
+            }
+            Engine_event(e, CPU, addr, size, 0, 0, EVENT_REPORT);
+            now += size;
+            mom_own[moments] = now;
+            mom_seq[moments] = Engine_seq(e, CPU);
+            mom_mask[moments++] = mask;
+        }
+        KeptBlock *b;
+        uint32_t n;
+        KeptBlock h;
+        assert_int_equal(Engine_kept(e, CPU, id, &b, &n, &h), 0);
+        for (int m = 0; m < (1 << n); m++) {
+            int kept[ADDRS] = {0};
+            for (uint32_t i = 0; i < n; i++)
+                kept[i] = (m >> i) & 1;
+            for (int kind = PHASE_FORWARD; kind <= PHASE_STEP; kind++) {
+                int64_t best = -1;
+                for (int t = 0; t < moments; t++) {
+                    if (!((mom_mask[t] >> kind) & 1u))
+                        continue;
+                    int64_t k = 0;   /* kept blocks allocated by then */
+                    for (uint32_t i = 0; i < n; i++)
+                        if (kept[i] && b[i].seq <= mom_seq[t])
+                            k += b[i].size;
+                    if (mom_own[t] - k > best)
+                        best = mom_own[t] - k;
+                }
+                assert_int_equal(phase_peak_without(b, n, &h, kept, kind), best);
+            }
+        }
+        free(b);
+        for (int a = 0; a < ADDRS; a++) {
+            if (live_size[a] != 0)
+                Engine_event(e, CPU, 0x1000 + 0x100 * (uintptr_t)a,
+                             -live_size[a], 0, 0, EVENT_REPORT);
+        }
+        assert_int_equal(Engine_end(e, CPU, id, NULL), 0);
+    }
+    Engine_set_phases(e, 0);
+}
+
 int
 main(void)
 {
@@ -262,6 +358,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_a_nested_timeline_takes_over, setup, teardown),
         cmocka_unit_test_setup_teardown(test_estimates_and_unheard_frees, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_streams_against_brute_force, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_phase_peaks_against_brute_force, setup, teardown),
     };
     return cmocka_run_group_tests_name("kept", tests, NULL, NULL);
 }

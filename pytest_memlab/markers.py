@@ -17,18 +17,24 @@ from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 MARKERS = {
     "cuda_memory": (
         "cuda_memory(max=None, *, max_total=None, max_reserved=None, leaks=0, tolerance=None, device=None, "
-        "include_first_use=False): "
+        "include_first_use=False, forward=None, backward=None, step=None): "
         "CUDA memory budget of this test (sizes as bytes or strings like '2GiB'); see pytest-memlab"
     ),
     "cpu_memory": (
-        "cpu_memory(max=None, *, max_total=None, leaks=0, tolerance=None, include_first_use=False): "
+        "cpu_memory(max=None, *, max_total=None, leaks=0, tolerance=None, include_first_use=False, "
+        "forward=None, backward=None, step=None): "
         "CPU tensor memory budget of this test; see pytest-memlab"
     ),
 }
 
+# A phase's budget: the own peak while that phase of a training step ran
+# (engine/meters.py's PHASE_NAMES).
+PHASE_KEYWORDS = ("forward", "backward", "step")
+
 _KEYWORDS = {
-    "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device", "include_first_use"),
-    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use"),
+    "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device", "include_first_use",
+                    *PHASE_KEYWORDS),
+    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", *PHASE_KEYWORDS),
 }
 
 
@@ -49,6 +55,9 @@ class MemorySpec:
     device: str | None = None       # "cpu", "cuda" (current at start), "cuda:N"
     include_first_use: bool = False  # max judges the own peak with what the test kept past its teardown
     marked: bool = True             # False: measured because of --memlab
+    forward: int | None = None      # the own peak while a forward ran
+    backward: int | None = None     # while a backward ran
+    step: int | None = None         # while an optimizer step ran
 
 
 # What an unmarked test is measured with (--memlab, the memlab fixture), and
@@ -82,7 +91,7 @@ def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
             raise MarkerError(f"{name} got max both as a positional and as a keyword argument")
         values["max"] = args[0]
     spec = {"kind": "cuda" if name == "cuda_memory" else "cpu"}
-    for key in ("max", "max_total", "max_reserved"):
+    for key in ("max", "max_total", "max_reserved", *PHASE_KEYWORDS):
         if values.get(key) is not None:
             try:
                 spec[key] = parse_size(values[key])

@@ -38,6 +38,10 @@ class Watch:
 ALLOC_LOG_MAX = 1 << 20
 
 
+# The phases whose peaks the engine keeps, in its order (csrc/phases.h).
+PHASE_NAMES = ("forward", "backward", "step")
+
+
 @dataclass(slots=True)
 class DeviceFigures:
     """What one device showed over one scope.  Sizes in bytes."""
@@ -63,6 +67,11 @@ class DeviceFigures:
     # What the test kept (see Kept): the own peak above leaves it out
     peak_with_kept: int | None = None   # the own peak counting it
     kept: int | None = None             # bytes of its blocks still held after teardown
+    # Each phase's own peak (forward, backward, step: those that ran on the
+    # measuring thread while it was traced), without what it kept, as peak;
+    # name -> (bytes, site of the allocation that reached it, 0: live at the
+    # phase's start)
+    phase_peaks: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -78,6 +87,7 @@ class Kept:
     site: int                # the site whose allocation reached it
     bytes: int               # what is kept
     blocks: list             # (addr, size, seq, site) kept, in allocation order
+    phases: dict = field(default_factory=dict)   # phase name -> (peak, site), as peak
 
 
 def peak_without_kept(raw, transient=frozenset()) -> Kept | None:
@@ -87,16 +97,20 @@ def peak_without_kept(raw, transient=frozenset()) -> Kept | None:
     follow the scope."""
     if raw is None:
         return None
-    (best, seq, site), blocks = raw
+    (best, seq, site, head_phases), blocks = raw
+    phases = {name: (most, at) for name, (most, at) in zip(PHASE_NAMES, head_phases) if most >= 0}
     cum = 0
     kept = []
-    for addr, size, span_max, span_seq, alloc_seq, alloc_site, span_site in blocks:
+    for addr, size, span_max, span_seq, alloc_seq, alloc_site, span_site, span_phases in blocks:
         if addr not in transient:
             cum += size
             kept.append((addr, size, alloc_seq, alloc_site))
         if span_max - cum > best:
             best, seq, site = span_max - cum, span_seq, span_site
-    return Kept(best, seq, site, cum, kept)
+        for name, (most, at) in zip(PHASE_NAMES, span_phases):
+            if most >= 0 and (name not in phases or most - cum > phases[name][0]):
+                phases[name] = (most - cum, at)
+    return Kept(best, seq, site, cum, kept, phases)
 
 
 def leave_out_kept(figures: DeviceFigures, kept: Kept) -> None:
@@ -106,6 +120,7 @@ def leave_out_kept(figures: DeviceFigures, kept: Kept) -> None:
     it, less the kept blocks: the attribution says so."""
     figures.peak_with_kept = figures.peak
     figures.kept = kept.bytes
+    figures.phase_peaks = dict(kept.phases)
     if not kept.blocks:
         return
     taken = figures.seq_at_peak or 0     # where the lines at the peak were taken

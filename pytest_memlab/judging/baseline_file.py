@@ -147,6 +147,14 @@ def _check_sites(bad, nodeid: str, device: str, sites) -> None:
             raise bad(f"{where}: {site!r} is not a line (expected bytes, file, function and text)")
 
 
+def _check_phases(bad, nodeid: str, device: str, value) -> None:
+    """Each phase's peak at the last update: shown, never compared."""
+    if not isinstance(value, dict) or any(
+            not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in value.values()):
+        raise bad(f"test {nodeid!r}, device {device!r}: phases is {value!r}, expected an object of "
+                  "phase -> bytes")
+
+
 def _environment(bad, name: str, data: dict) -> Environment:
     info = data.get("environment", {})
     if not isinstance(info, dict):
@@ -163,6 +171,9 @@ def _environment(bad, name: str, data: dict) -> Environment:
             for key, value in figures.items():
                 if key == "sites":
                     _check_sites(bad, nodeid, device, value)
+                    continue
+                if key == "phases":
+                    _check_phases(bad, nodeid, device, value)
                     continue
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                     raise bad(f"test {nodeid!r}, device {device!r}: {key} is {value!r}, expected bytes "

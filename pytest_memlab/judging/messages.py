@@ -4,7 +4,7 @@ warning texts, diagnosis first.  The terminal summary is
 
 from __future__ import annotations
 
-from ..engine.attribution import Frame, SiteBytes
+from ..engine.attribution import Frame, SiteBytes, chain_of
 from ..sizes import format_size, plural
 
 
@@ -69,6 +69,25 @@ def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
     lines.append(f"  exactly {e.value} B against {e.budget} B")
     if figures.estimated:
         lines.append(f"  ({figures.reason})")
+    return "\n".join(lines)
+
+
+def phase_budget_failure(exceeded, figures) -> str:
+    """A phase over its budget: the phase's own peak, the budget and the
+    excess; then the line whose allocation reached it (or that it was live
+    when the phase began), and every phase's peak beside the test's."""
+    e = exceeded
+    phase = e.budget_name
+    lines = [f"{e.device} {e.what} {format_size(e.value)} exceeds {phase}={format_size(e.budget)} "
+             f"by {format_size(e.value - e.budget)}"]
+    site = figures.phase_peaks[phase][1]
+    if site:
+        lines += _chain_lines(chain_of(site), "  ")
+    else:
+        lines.append(f"  live when the {phase} began (no allocation in it went higher)")
+    every = ", ".join(f"{name} {format_size(peak)}" for name, (peak, _) in figures.phase_peaks.items())
+    lines.append(f"  the phases' peaks: {every}; the test's own peak {format_size(figures.peak)}")
+    lines.append(f"  exactly {e.value} B against {e.budget} B")
     return "\n".join(lines)
 
 

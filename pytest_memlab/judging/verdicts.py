@@ -21,7 +21,9 @@ from ..children.gathering import RANK_KEY, device_of
 from .findings import Cache, Change, Exceeded, Growth
 from ..sizes import format_size
 from .site_changes import site_changes, sites_at_peak
-from .messages import baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report
+from ..markers import PHASE_KEYWORDS
+from .messages import (baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report,
+                       phase_budget_failure)
 
 # A holder path's root: what holds the first step (see leak_search.holders_of).
 _ROOT = re.compile(r"^(module \S+, global \w+|class \S+, attribute \w+|closure of \S+ \(variable \w+\)"
@@ -38,6 +40,9 @@ BUDGETS = (
     ("total peak", "peak_total", "max_total"),
     ("reserved peak", "reserved_peak", "max_reserved"),
 )
+# A phase's budget judges that phase's own peak (figures.phase_peaks), which
+# leaves out what the test kept, as max does.
+PHASE_BUDGETS = PHASE_KEYWORDS
 
 
 class MemlabLeakWarning(UserWarning):
@@ -60,11 +65,20 @@ def exceeded(device: str, figures, spec) -> list[Exceeded]:
             value, what = figures.peak_with_kept, "peak with first use"
         if budget is not None and value is not None and value > budget:
             out.append(Exceeded(device, what, value, name, budget))
+    for name in PHASE_BUDGETS:
+        budget = getattr(spec, name, None)
+        value = figures.phase_peaks.get(name, (None,))[0] if getattr(figures, "phase_peaks", None) else None
+        if budget is not None and value is not None and value > budget:
+            out.append(Exceeded(device, f"{name} peak", value, name, budget))
     return out
 
 
 def has_budget(spec) -> bool:
-    return any(getattr(spec, name, None) is not None for _, _, name in BUDGETS)
+    return any(getattr(spec, name, None) is not None for _, _, name in BUDGETS) or has_phase_budget(spec)
+
+
+def has_phase_budget(spec) -> bool:
+    return any(getattr(spec, name, None) is not None for name in PHASE_BUDGETS)
 
 
 def sort_suspects(confirmed: list, held_by: dict | None = None) -> tuple[list, list[Cache]]:
@@ -220,9 +234,14 @@ class Verdicts:
                 continue
             if not has_budget(spec):
                 continue
+            if has_phase_budget(spec) and measurement.trace_note and not final:
+                notes.append(f"{device} phase budgets not judged: the phases are heard by the tracer, which was "
+                             f"off ({measurement.trace_note})")
             figures = run.figures[device] if final else measurement.figures(device)
+            if not final and has_phase_budget(spec):
+                figures = run.figures_now(device)   # the phases' peaks come from the kept walk
             new = [e for e in exceeded(device, figures, spec) if e.key not in run.failed]
-            if new and not final:
+            if new and not final and not has_phase_budget(spec):
                 # where the peak came from, and the peak without what the
                 # test holds now that it may keep (what fails now fails at
                 # the end too: it can only keep less)
@@ -230,6 +249,9 @@ class Verdicts:
                 new = [e for e in exceeded(device, figures, spec) if e.key not in run.failed]
             for e in new:
                 run.failed[e.key] = e
+                if e.budget_name in PHASE_BUDGETS:
+                    failures.append(phase_budget_failure(e, figures))
+                    continue
                 context = measurement.context(device, figures.seq_at_peak) if e.what == "peak" else ""
                 failures.append(budget_failure(e, figures, self.options.top, context))
         failures += self._compare(run, final)

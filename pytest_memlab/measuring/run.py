@@ -231,22 +231,26 @@ class TestRun:
         measurement = self.measurement
         figures = measurement.figures(device, sites=True)
         meter = measurement.meters.get(device)
-        if figures.live and meter.__class__ is EngineMeter:
-            kept = meter.kept(self._held_by_pytest())
+        if meter.__class__ is EngineMeter and (figures.live or meter.timeline):
+            kept = meter.kept(self._held_by_pytest() if figures.live else frozenset())
             if kept is not None:
-                leave_out_kept(figures, kept)
+                leave_out_kept(figures, kept)   # and each phase's peak
         return figures
 
     def _kept(self, item) -> dict:
-        """device -> meters.Kept, for the devices whose blocks outlive the
-        teardown (after the leak check's collections)."""
+        """device -> meters.Kept, for the devices the engine followed: what
+        outlives the teardown (after the leak check's collections), and
+        each phase's peak without it (nothing kept: one call, no walk)."""
         out, held = {}, None
         for device, meter in self.measurement.meters.items():
-            if meter.__class__ is not EngineMeter or not meter.timeline or not meter.live():
+            if meter.__class__ is not EngineMeter or not meter.timeline:
                 continue
-            if held is None:
-                held = self._held_by_pytest(item)
-            kept = meter.kept(held)
+            if not meter.live():
+                kept = meter.kept()
+            else:
+                if held is None:
+                    held = self._held_by_pytest(item)
+                kept = meter.kept(held)
             if kept is not None:
                 out[device] = kept
         return out

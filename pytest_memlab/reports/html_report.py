@@ -245,6 +245,15 @@ _SCRIPT = r"""
         }).join('');
       box.appendChild(tab);
     }
+    if (d.phases && Object.keys(d.phases).length) {
+      // each phase's own peak, and its budget where the marker gave one
+      const ph = document.createElement('p');
+      ph.textContent = 'peak by phase: ' + Object.keys(d.phases).map(function (name) {
+        const max = (d.phase_max || {})[name];
+        return name + ' ' + size(d.phases[name]) + (max !== undefined ? ' (' + name + '=' + size(max) + ')' : '');
+      }).join(', ');
+      box.appendChild(ph);
+    }
     if (d.first_use) {
       const fu = document.createElement('p');
       fu.textContent = 'first use (kept for the process, left out of the own peak): ' + size(d.first_use) +

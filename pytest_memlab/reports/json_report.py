@@ -38,6 +38,8 @@ def _device(d) -> dict:
         "max": d.max,
         "max_total": d.max_total,
         "max_reserved": d.max_reserved,
+        "phases": dict(d.phases),
+        "phase_max": dict(d.phase_max),
         "baseline_peak": d.baseline_peak,
         "baseline": d.baseline or None,
         "top": [{"file": t.get("file"), "line": t.get("line"), "function": t.get("function"),

@@ -31,7 +31,7 @@ _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
              "peak_with_kept", "kept", "first_use")
-_JSON_KEYS = ("sites", "site_changes", "first_use_held")
+_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max")
 _STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
@@ -55,6 +55,8 @@ class DeviceResult:
     first_use_held: list = field(default_factory=list)   # that memory, named
     sites: list = field(default_factory=list)   # heaviest lines at the peak (judging.site_changes)
     site_changes: list = field(default_factory=list)   # against the baseline, where it regressed
+    phases: dict = field(default_factory=dict)   # each phase's own peak: {"forward": bytes, ...}
+    phase_max: dict = field(default_factory=dict)   # the marker's phase budgets, as phases
     max: int | None = None
     max_total: int | None = None
     max_reserved: int | None = None
@@ -68,9 +70,12 @@ class DeviceResult:
 
     def baseline_entry(self) -> dict:
         """The figures a baseline file keeps for this device."""
-        return {"peak": self.peak, "peak_total": self.peak_total,
-                "reserved_peak": self.reserved_peak, "leaked": self.leaked,
-                "first_use": self.first_use or 0, "sites": self.sites}
+        entry = {"peak": self.peak, "peak_total": self.peak_total,
+                 "reserved_peak": self.reserved_peak, "leaked": self.leaked,
+                 "first_use": self.first_use or 0, "sites": self.sites}
+        if self.phases:   # shown, not compared
+            entry["phases"] = dict(self.phases)
+        return entry
 
     @classmethod
     def from_figures(cls, figures, spec=None, top: int = 5, sites: bool = False) -> "DeviceResult":
@@ -85,6 +90,7 @@ class DeviceResult:
             result.leaked = figures.live
             result.peak_with_kept = figures.peak_with_kept
             result.kept = figures.kept
+            result.phases = {name: peak for name, (peak, _) in figures.phase_peaks.items()}
             if sites and figures.attribution is not None and figures.peak:
                 from ..judging.site_changes import sites_at_peak
 
@@ -99,6 +105,8 @@ class DeviceResult:
                                  "peak_total": ln.peak_total})
         if spec is not None and spec.marked:
             result.max, result.max_total, result.max_reserved = spec.max, spec.max_total, spec.max_reserved
+            result.phase_max = {name: getattr(spec, name) for name in ("forward", "backward", "step")
+                                if getattr(spec, name, None) is not None}
         return result
 
 
