@@ -162,6 +162,16 @@ tracer_reset_lines(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 }
 
 static PyObject *
+tracer_untraced_imports(PyObject *Py_UNUSED(module), PyObject *original)
+{
+    if (!PyCallable_Check(original)) {
+        PyErr_SetString(PyExc_TypeError, "untraced_imports(original): original must be callable");
+        return NULL;
+    }
+    return Tracer_untraced_imports(original);
+}
+
+static PyObject *
 tracer_status(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
     return Tracer_status();
@@ -279,6 +289,9 @@ static PyMethodDef engine_methods[] = {
      "the last reset."},
     {"tracer_status", tracer_status, METH_NOARGS,
      "tracer_status() -> how the tracer runs and what it holds."},
+    {"untraced_imports", tracer_untraced_imports, METH_O,
+     "untraced_imports(original) -> a replacement for builtins.__import__ that runs original "
+     "with the tracer's trace function off (Python < 3.12; original itself after)."},
     {"site", engine_site, METH_O,
      "site(id) -> [(code, lineno)], the call chain, innermost first."},
     {"line", engine_line, METH_O, "line(id) -> (code, lineno)."},

@@ -37,6 +37,11 @@ PyObject *Tracer_phases(void);
 PyObject *Tracer_site(uint32_t site);
 PyObject *Tracer_line(uint32_t line);
 PyObject *Tracer_status(void);
+/* A replacement for builtins.__import__ that runs original with the trace
+ * function off on this thread (Python < 3.12: a measured child's imports
+ * after torch's would pay it on every frame); original itself from 3.12,
+ * where code out of scope reports nothing after its first call. */
+PyObject *Tracer_untraced_imports(PyObject *original);
 
 /* sys.monitoring callbacks (module methods, METH_FASTCALL). */
 PyObject *Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n);

@@ -83,6 +83,41 @@ trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     return 0;
 }
 
+/* builtins.__import__ while tracing: the import machinery's frames and the
+ * imported modules' top-level code run untraced (a large harness imported
+ * by a measured child cost it about 0.25 s of trace calls); the trace
+ * function comes back when the outermost import returns, for the frame
+ * that imported.  What a module allocates at its import goes to no line. */
+static PyObject *
+untraced_import(PyObject *original, PyObject *args, PyObject *kwargs)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    int traced = ts->c_tracefunc == trace_fn;
+    if (traced)
+        PyEval_SetTrace(NULL, NULL);
+    PyObject *result = PyObject_Call(original, args, kwargs);
+    if (traced && ts->c_tracefunc == NULL && atomic_load(&T.tracing)) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);    /* the import's error, kept */
+        PyEval_SetTrace(trace_fn, NULL);
+        PyErr_Clear();                      /* an audit hook's refusal: tracing stays off */
+        PyErr_Restore(type, value, tb);
+    }
+    return result;
+}
+
+static PyMethodDef untraced_import_def = {
+    "__import__", (PyCFunction)(void (*)(void))untraced_import, METH_VARARGS | METH_KEYWORDS,
+    "__import__(name, globals=None, locals=None, fromlist=(), level=0): the builtin's, with "
+    "pytest-memlab's trace function off while it runs.",
+};
+
+PyObject *
+Tracer_untraced_imports(PyObject *original)
+{
+    return PyCFunction_NewEx(&untraced_import_def, original, NULL);
+}
+
 int
 Backend_on(void)
 {

@@ -14,6 +14,12 @@
 
 #include <stdarg.h>
 
+PyObject *
+Tracer_untraced_imports(PyObject *original)
+{
+    return Py_NewRef(original);
+}
+
 static PyObject *
 call_monitoring(const char *name, const char *fmt, ...)
 {

@@ -537,3 +537,44 @@ def test_children_under_xdist_reach_the_controllers_report(inner):
     procs, test = processes(data, "test_spawn")
     assert peaks(procs) == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}
     assert test["across_processes"]["cpu"]["worst"] == "rank 1"
+
+
+def test_a_childs_imports_run_untraced_and_its_lines_after_them_are_traced(inner):
+    """A measured child imports with the trace function off (Python < 3.12:
+    a harness's import paid it on every frame), and has it back for the
+    line that imported: what the child allocates after an import, a failed
+    import caught, and a nested function's import is charged to its line."""
+    inner.makepyfile(kid_helper="""
+import torch
+TABLE = torch.ones(1024, dtype=torch.uint8)   # allocated at its import: no line of the child's
+def make(n):
+    return torch.empty(n, dtype=torch.uint8)
+""")
+    result, data = run(inner, """
+def work(rank):
+    import kid_helper
+    a = own(3 * MiB)
+    try:
+        import no_such_module_here
+    except ImportError:
+        pass
+    b = kid_helper.make(2 * MiB)
+    import json
+    c = own(1 * MiB)
+
+@pytest.mark.cpu_memory(max="1M")
+def test_spawn():
+    tmp.spawn(work, nprocs=1)
+""", "--memlab-top=3")
+    assert result.ret == 1
+    failure = result.stdout.str().split("short test summary info")[0]
+    result.stdout.fnmatch_lines([
+        "rank 0 (pid *): cpu peak 6.0 MiB exceeds max 1.0 MiB by 5.0 MiB",
+        "       3.0 MiB  50%  test_kids.py:* own: x = torch.empty(n, dtype=torch.uint8)",
+        "                         <- test_kids.py:* work: a = own(3 * MiB)",
+        "       2.0 MiB  33%  kid_helper.py:* make: return torch.empty(n, dtype=torch.uint8)",
+        "                         <- test_kids.py:* work: b = kid_helper.make(2 * MiB)",
+        "       1.0 MiB  17%  test_kids.py:* own: x = torch.empty(n, dtype=torch.uint8)",
+        "                         <- test_kids.py:* work: c = own(1 * MiB)",
+    ])
+    assert "import kid_helper" not in failure

@@ -187,8 +187,15 @@ class ChildMeasurement:
 
         if WINDOWED and not self.forked:
             # The whole process is user code: one window, open to the end
-            # (a fork runs inside its parent's window).
+            # (a fork runs inside its parent's window).  Its imports run
+            # untraced: a rank imports its harness after torch, and a trace
+            # function costs every frame of that on these Pythons.
             self.measurement.window().__enter__()
+            import builtins
+
+            from ..engine.tracing import untraced_imports
+
+            builtins.__import__ = untraced_imports(builtins.__import__)
         import atexit
 
         atexit.register(self.finish)

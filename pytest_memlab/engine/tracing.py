@@ -60,6 +60,12 @@ def _phase_codes() -> dict:
     return found
 
 
+def untraced_imports(original):
+    """A replacement for builtins.__import__ that imports with the trace
+    function off (before 3.12; original itself from 3.12 on)."""
+    return engine.untraced_imports(original)
+
+
 def _library_roots() -> tuple[str, ...]:
     roots = set()
     for name in ("stdlib", "platstdlib", "purelib", "platlib"):
