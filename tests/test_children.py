@@ -31,6 +31,12 @@ if has_torch():
     import torch.multiprocessing  # noqa: F401
     import torch.utils.data  # noqa: F401
 
+    # The inner runs fork this process.  GNU OpenMP cannot run a parallel
+    # region in a fork of a process that has run one (another test's large
+    # fill in this worker hung a child's fill): a forked child works on one
+    # thread, as a DataLoader's workers do.
+    os.register_at_fork(after_in_child=lambda: torch.set_num_threads(1))
+
 MiB = 2**20
 
 HEADER = """
