@@ -218,9 +218,10 @@ static PyMethodDef engine_methods[] = {
      "of_types(objects, kinds) -> the items of the list objects whose exact "
      "type is in the set kinds."},
     {"kept", engine_kept, METH_VARARGS,
-     "kept(slot, id) -> ((head_max, head_seq, head_site), [(addr, size, "
-     "span_max, span_seq, seq, site, span_site)]): the live blocks of a scope whose timeline runs, "
-     "in allocation order, with the most own bytes of each one's span; None "
+     "kept(slot, id) -> ((head_max, head_seq, head_site, phases), [(addr, size, "
+     "span_max, span_seq, seq, site, span_site, phases)]): the live blocks of a scope whose timeline runs, "
+     "in allocation order, with the most own bytes of each one's span, and per phase (forward, backward, "
+     "step) the most while it ran, as (max, site), max -1 where it did not run; None "
      "where the device does not follow the scope."},
     {"failed", engine_failed, METH_O,
      "failed(slot) -> (count, bytes, site): the requests the device's allocator could not serve, "

@@ -374,9 +374,20 @@ engine_unwatch(PyObject *Py_UNUSED(module), PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* kept(slot, id) -> ((head_max, head_seq, head_site), [(addr, size,
- * span_max, span_seq, seq, site, span_site)]) of open scope id, or None
- * where the device does not follow it (kept.h). */
+/* A span's peak per phase, in the order of tracing.PHASE_NAMES:
+ * ((max, site), ...), max -1 where the phase did not run. */
+static PyObject *
+phases_tuple(const KeptPhases *p)
+{
+    return Py_BuildValue("((LI)(LI)(LI))",
+                         (long long)p->max[PHASE_FORWARD], p->site[PHASE_FORWARD],
+                         (long long)p->max[PHASE_BACKWARD], p->site[PHASE_BACKWARD],
+                         (long long)p->max[PHASE_STEP], p->site[PHASE_STEP]);
+}
+
+/* kept(slot, id) -> ((head_max, head_seq, head_site, phases), [(addr, size,
+ * span_max, span_seq, seq, site, span_site, phases)]) of open scope id, or
+ * None where the device does not follow it (kept.h). */
 PyObject *
 engine_kept(PyObject *Py_UNUSED(module), PyObject *args)
 {
@@ -397,26 +408,18 @@ engine_kept(PyObject *Py_UNUSED(module), PyObject *args)
         goto error;
     for (uint32_t i = 0; i < n; i++) {
         const KeptBlock *b = &buf[i];
-        const KeptPhases *p = &b->phases;
-        PyObject *t = Py_BuildValue("(KLLKKII((LI)(LI)(LI)))", (unsigned long long)b->addr,
+        PyObject *t = Py_BuildValue("(KLLKKIIN)", (unsigned long long)b->addr,
                                     (long long)b->size, (long long)b->span_max,
                                     (unsigned long long)b->span_seq,
                                     (unsigned long long)b->seq, b->site,
-                                    b->span_site,
-                                    (long long)p->max[PHASE_FORWARD], p->site[PHASE_FORWARD],
-                                    (long long)p->max[PHASE_BACKWARD], p->site[PHASE_BACKWARD],
-                                    (long long)p->max[PHASE_STEP], p->site[PHASE_STEP]);
+                                    b->span_site, phases_tuple(&b->phases));
         if (t == NULL)
             goto error;
         PyList_SET_ITEM(blocks, i, t);
     }
-    const KeptPhases *hp = &head.phases;
-    result = Py_BuildValue("((LKI((LI)(LI)(LI)))O)", (long long)head.span_max,
+    result = Py_BuildValue("((LKIN)O)", (long long)head.span_max,
                            (unsigned long long)head.span_seq, head.span_site,
-                           (long long)hp->max[PHASE_FORWARD], hp->site[PHASE_FORWARD],
-                           (long long)hp->max[PHASE_BACKWARD], hp->site[PHASE_BACKWARD],
-                           (long long)hp->max[PHASE_STEP], hp->site[PHASE_STEP],
-                           blocks);
+                           phases_tuple(&head.phases), blocks);
 error:
     Py_XDECREF(blocks);
     free(buf);

@@ -170,6 +170,38 @@ test_estimates_and_unheard_frees(void **state)
     assert_int_equal(Engine_end(e, CUDA0, id, NULL), 0);
 }
 
+/* One event of a random stream over addrs addresses (0x1000 + 0x100 * a):
+ * frees address a's block where one is live, else allocates 1 to 1000
+ * bytes there.  Returns the size (negative: a free) and the address's
+ * index in *which. */
+static int64_t
+random_event(Engine *e, int64_t *live_size, int addrs, int *which)
+{
+    int a = rand() % addrs;
+    int64_t size;
+    if (live_size[a] != 0) {
+        size = -live_size[a];
+        live_size[a] = 0;
+    } else {
+        size = 1 + rand() % 1000;
+        live_size[a] = size;
+    }
+    Engine_event(e, CPU, 0x1000 + 0x100 * (uintptr_t)a, size, 0, 0, EVENT_REPORT);
+    *which = a;
+    return size;
+}
+
+/* Frees what a random stream left live. */
+static void
+free_stream(Engine *e, const int64_t *live_size, int addrs)
+{
+    for (int a = 0; a < addrs; a++) {
+        if (live_size[a] != 0)
+            Engine_event(e, CPU, 0x1000 + 0x100 * (uintptr_t)a,
+                         -live_size[a], 0, 0, EVENT_REPORT);
+    }
+}
+
 /* Random streams: for every subset of the blocks live at the end, the peak
  * without them equals a brute force over the whole history. */
 static void
@@ -193,17 +225,8 @@ test_random_streams_against_brute_force(void **state)
         int64_t now = 0;
         int m = 0;
         for (int i = 0; i < EVENTS; i++) {
-            int a = rand() % ADDRS;
-            uintptr_t addr = 0x1000 + 0x100 * (uintptr_t)a;
-            int64_t size;
-            if (live_size[a] != 0) {
-                size = -live_size[a];
-                live_size[a] = 0;
-            } else {
-                size = 1 + rand() % 1000;
-                live_size[a] = size;
-            }
-            Engine_event(e, CPU, addr, size, 0, 0, EVENT_REPORT);
+            int a;
+            int64_t size = random_event(e, live_size, ADDRS, &a);
             now += size;
             if (size > 0)
                 alloc_seq[a] = Engine_seq(e, CPU);
@@ -244,11 +267,7 @@ test_random_streams_against_brute_force(void **state)
         }
         (void)seq0;
         free(b);
-        for (int a = 0; a < ADDRS; a++) {
-            if (live_size[a] != 0)
-                Engine_event(e, CPU, 0x1000 + 0x100 * (uintptr_t)a,
-                             -live_size[a], 0, 0, EVENT_REPORT);
-        }
+        free_stream(e, live_size, ADDRS);
         assert_int_equal(Engine_end(e, CPU, id, NULL), 0);
     }
 }
@@ -299,17 +318,8 @@ test_phase_peaks_against_brute_force(void **state)
                 mom_seq[moments] = Engine_seq(e, CPU);
                 mom_mask[moments++] = mask;
             }
-            int a = rand() % ADDRS;
-            uintptr_t addr = 0x1000 + 0x100 * (uintptr_t)a;
-            int64_t size;
-            if (live_size[a] != 0) {
-                size = -live_size[a];
-                live_size[a] = 0;
-            } else {
-                size = 1 + rand() % 1000;
-                live_size[a] = size;
-            }
-            Engine_event(e, CPU, addr, size, 0, 0, EVENT_REPORT);
+            int a;
+            int64_t size = random_event(e, live_size, ADDRS, &a);
             now += size;
             mom_own[moments] = now;
             mom_seq[moments] = Engine_seq(e, CPU);
@@ -339,11 +349,7 @@ test_phase_peaks_against_brute_force(void **state)
             }
         }
         free(b);
-        for (int a = 0; a < ADDRS; a++) {
-            if (live_size[a] != 0)
-                Engine_event(e, CPU, 0x1000 + 0x100 * (uintptr_t)a,
-                             -live_size[a], 0, 0, EVENT_REPORT);
-        }
+        free_stream(e, live_size, ADDRS);
         assert_int_equal(Engine_end(e, CPU, id, NULL), 0);
     }
     Engine_set_phases(e, 0);

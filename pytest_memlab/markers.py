@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from .devices import DeviceError, parse_device
+from .engine.tracing import PHASE_NAMES   # a phase's budget: the own peak while it ran
 from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 
 MARKERS = {
@@ -27,14 +28,10 @@ MARKERS = {
     ),
 }
 
-# A phase's budget: the own peak while that phase of a training step ran
-# (engine/meters.py's PHASE_NAMES).
-PHASE_KEYWORDS = ("forward", "backward", "step")
-
 _KEYWORDS = {
     "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device", "include_first_use",
-                    *PHASE_KEYWORDS),
-    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", *PHASE_KEYWORDS),
+                    *PHASE_NAMES),
+    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", *PHASE_NAMES),
 }
 
 
@@ -91,7 +88,7 @@ def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
             raise MarkerError(f"{name} got max both as a positional and as a keyword argument")
         values["max"] = args[0]
     spec = {"kind": "cuda" if name == "cuda_memory" else "cpu"}
-    for key in ("max", "max_total", "max_reserved", *PHASE_KEYWORDS):
+    for key in ("max", "max_total", "max_reserved", *PHASE_NAMES):
         if values.get(key) is not None:
             try:
                 spec[key] = parse_size(values[key])

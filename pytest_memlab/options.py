@@ -359,14 +359,6 @@ class Options:
         return [part.split(":", 1)[1] for part in self.report or () if part.startswith(kind + ":")]
 
     @cached_property
-    def json_paths(self) -> list[str]:
-        return self.paths("json")
-
-    @cached_property
-    def html_paths(self) -> list[str]:
-        return self.paths("html")
-
-    @cached_property
     def detail(self) -> bool:
         """Whether a report shows timelines and marks (fetched per test only then)."""
         return any(part.startswith(("json:", "html:")) for part in self.report or ())

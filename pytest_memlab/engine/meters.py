@@ -14,6 +14,7 @@ from ..devices import cuda_index
 from .attribution import Attribution, LineStat
 from .backend import BRIDGE, COUNTERS, Core
 from .slots import slot_of
+from .tracing import PHASE_NAMES
 
 class Watch:
     """Leak suspects' addresses on one device, watched by the engine until
@@ -37,9 +38,6 @@ class Watch:
 # it entries are counted, not kept.
 ALLOC_LOG_MAX = 1 << 20
 
-
-# The phases whose peaks the engine keeps, in its order (csrc/phases.h).
-PHASE_NAMES = ("forward", "backward", "step")
 
 
 @dataclass(slots=True)

@@ -33,6 +33,9 @@ WINDOWED = sys.version_info < (3, 12)
 # their outermost call on the test's timeline.  No hook is registered with
 # torch: its state stays as it is.
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP = engine.PHASE_FORWARD, engine.PHASE_BACKWARD, engine.PHASE_STEP
+# Their names, in the kinds' order: the keys of each phase's peak and of a
+# marker's phase budgets (forward=, backward=, step=).
+PHASE_NAMES = ("forward", "backward", "step")
 
 
 def _phase_codes() -> dict:

@@ -21,7 +21,7 @@ from ..children.gathering import RANK_KEY, device_of
 from .findings import Cache, Change, Exceeded, Growth
 from ..sizes import format_size
 from .site_changes import site_changes, sites_at_peak
-from ..markers import PHASE_KEYWORDS
+from ..engine.tracing import PHASE_NAMES
 from .messages import (baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report,
                        phase_budget_failure)
 
@@ -40,9 +40,7 @@ BUDGETS = (
     ("total peak", "peak_total", "max_total"),
     ("reserved peak", "reserved_peak", "max_reserved"),
 )
-# A phase's budget judges that phase's own peak (figures.phase_peaks), which
-# leaves out what the test kept, as max does.
-PHASE_BUDGETS = PHASE_KEYWORDS
+
 
 
 class MemlabLeakWarning(UserWarning):
@@ -65,11 +63,13 @@ def exceeded(device: str, figures, spec) -> list[Exceeded]:
             value, what = figures.peak_with_kept, "peak with first use"
         if budget is not None and value is not None and value > budget:
             out.append(Exceeded(device, what, value, name, budget))
-    for name in PHASE_BUDGETS:
+    # A phase's budget judges that phase's own peak, which leaves out what
+    # the test kept, as max does (a child's figures carry none).
+    phases = getattr(figures, "phase_peaks", None) or {}
+    for name in PHASE_NAMES:
         budget = getattr(spec, name, None)
-        value = figures.phase_peaks.get(name, (None,))[0] if getattr(figures, "phase_peaks", None) else None
-        if budget is not None and value is not None and value > budget:
-            out.append(Exceeded(device, f"{name} peak", value, name, budget))
+        if budget is not None and name in phases and phases[name][0] > budget:
+            out.append(Exceeded(device, f"{name} peak", phases[name][0], name, budget))
     return out
 
 
@@ -78,7 +78,7 @@ def has_budget(spec) -> bool:
 
 
 def has_phase_budget(spec) -> bool:
-    return any(getattr(spec, name, None) is not None for name in PHASE_BUDGETS)
+    return any(getattr(spec, name, None) is not None for name in PHASE_NAMES)
 
 
 def sort_suspects(confirmed: list, held_by: dict | None = None) -> tuple[list, list[Cache]]:
@@ -249,7 +249,7 @@ class Verdicts:
                 new = [e for e in exceeded(device, figures, spec) if e.key not in run.failed]
             for e in new:
                 run.failed[e.key] = e
-                if e.budget_name in PHASE_BUDGETS:
+                if e.budget_name in PHASE_NAMES:
                     failures.append(phase_budget_failure(e, figures))
                     continue
                 context = measurement.context(device, figures.seq_at_peak) if e.what == "peak" else ""

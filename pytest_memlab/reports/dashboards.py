@@ -18,11 +18,8 @@ are in the JSON report).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from ..atomic_files import write_atomic
 from ..sizes import format_size
+from .json_report import write_json
 
 
 def _figures(results: dict):
@@ -53,15 +50,9 @@ def gab(results: dict) -> list:
     return out
 
 
-def _write(path, data) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
 def write_bmf(path, results: dict, *_context) -> None:
-    _write(path, bmf(results))
+    write_json(path, bmf(results))
 
 
 def write_gab(path, results: dict, *_context) -> None:
-    _write(path, gab(results))
+    write_json(path, gab(results))

@@ -84,7 +84,13 @@ def build(results: dict, environment: dict, backend: str, caches: list = ()) -> 
     }
 
 
-def write(path, results: dict, environment: dict, backend: str, caches: list = ()) -> None:
+def write_json(path, data) -> None:
+    """A report's JSON, keys sorted, written whole or not at all (its folder
+    made first)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(build(results, environment, backend, caches), indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write(path, results: dict, environment: dict, backend: str, caches: list = ()) -> None:
+    write_json(path, build(results, environment, backend, caches))

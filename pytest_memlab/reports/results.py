@@ -26,6 +26,8 @@ import json
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 
+from ..engine.tracing import PHASE_NAMES
+
 _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": %d}'
 
 PREFIX = "memlab."
@@ -105,7 +107,7 @@ class DeviceResult:
                                  "peak_total": ln.peak_total})
         if spec is not None and spec.marked:
             result.max, result.max_total, result.max_reserved = spec.max, spec.max_total, spec.max_reserved
-            result.phase_max = {name: getattr(spec, name) for name in ("forward", "backward", "step")
+            result.phase_max = {name: getattr(spec, name) for name in PHASE_NAMES
                                 if getattr(spec, name, None) is not None}
         return result
 
