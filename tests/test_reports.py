@@ -179,14 +179,20 @@ def test_leaves():
     gab = json.loads((inner.path / "g.json").read_text())
     jsonschema.validate(bmf, BMF_SCHEMA)
     jsonschema.validate(gab, GAB_SCHEMA)
-    report = {t["nodeid"]: t["devices"]["cpu"] for t in json.loads((inner.path / "r.json").read_text())["tests"]}
-    assert sorted(bmf) == sorted(report)
-    for nodeid, cpu in report.items():
-        assert bmf[nodeid] == {"memlab peak cpu": {"value": cpu["peak"]}, "memlab leaked cpu": {"value": cpu["leaked"]}}
+    # Each test's measured devices (an unmarked test measures CUDA where
+    # there is CUDA): the exports hold each of them, nothing else.
+    report = {(t["nodeid"], device): figures for t in json.loads((inner.path / "r.json").read_text())["tests"]
+              for device, figures in t["devices"].items()}
+    assert sorted(bmf) == sorted({nodeid for nodeid, _ in report})
+    for nodeid in bmf:
+        assert bmf[nodeid] == {f"memlab {what} {device}": {"value": figures[what] or 0}
+                               for (n, device), figures in report.items() if n == nodeid
+                               for what in ("peak", "leaked")}
     assert bmf["test_suite.py::test_within"]["memlab peak cpu"]["value"] == 3 * 2**20
     assert bmf["test_suite.py::test_leaves"]["memlab leaked cpu"]["value"] == 2**20
-    assert [(e["name"], e["value"]) for e in gab] == [
-        (f"{nodeid} [cpu] {what}", report[nodeid][what]) for nodeid in sorted(report) for what in ("peak", "leaked")]
+    assert sorted((e["name"], e["value"]) for e in gab) == sorted(
+        (f"{nodeid} [{device}] {what}", figures[what] or 0) for (nodeid, device), figures in report.items()
+        for what in ("peak", "leaked"))
     assert {e["unit"] for e in gab} == {"bytes"}
     within = next(e for e in gab if e["name"] == "test_suite.py::test_within [cpu] peak")
     assert within["extra"] == "own peak 3.0 MiB; max 8.0 MiB"
