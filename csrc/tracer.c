@@ -415,8 +415,9 @@ PyObject *
 Tracer_status(void)
 {
     return Py_BuildValue(
-        "{s:s,s:i,s:O,s:O,s:n,s:I,s:I}",
+        "{s:s,s:O,s:i,s:O,s:O,s:n,s:I,s:I}",
         "backend", MEMLAB_SYSMON ? "sys.monitoring" : "PyEval_SetTrace",
+        "eval_hook", Backend_hooked() ? Py_True : Py_False,
         "tool", T.tool,
         "tracing", atomic_load(&T.tracing) ? Py_True : Py_False,
         "parked", T.parked ? Py_True : Py_False,

@@ -81,6 +81,8 @@ ShadowStack *Tracer_thread_if_any(void);
 /* The event source. */
 int Backend_on(void);
 int Backend_off(void);
+/* 1 while the 3.11 frame-evaluation hook is in (tracer_settrace.c). */
+int Backend_hooked(void);
 /* Scope decisions changed: code that was told never to report again must
  * be asked anew. */
 int Backend_forget_disables(void);

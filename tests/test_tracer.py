@@ -3,6 +3,8 @@ PyEval_SetTrace before), with allocations injected where torch would report
 them.  Needs no torch: ci/test runs it on every Python it finds."""
 
 import asyncio
+import contextlib
+import copy
 import os
 import sys
 import threading
@@ -181,6 +183,84 @@ def test_threads(traced):
         assert chain == [("thread_body", line_of(thread_body, "in the thread"))]
     else:  # the trace function is per thread: the measuring thread's line
         assert chain[0][0] == "spawns_thread"
+
+
+class CopiesItself:
+    def __deepcopy__(self, memo):
+        return alloc(300)  # called back by copy.py
+
+
+@contextlib.contextmanager
+def holding(n):
+    block = alloc(n)  # the context manager's body
+    try:
+        yield block
+    finally:
+        free(block, n)
+
+
+def through_library_code():
+    with holding(700):  # enters through contextlib
+        copy.deepcopy(CopiesItself())  # copy.py calls back
+
+
+def test_user_code_called_back_by_library_code_keeps_its_chain(traced):
+    """User frames that out-of-scope Python code calls (copy.py, contextlib:
+    on 3.11 the frame hook runs those untraced) are traced, and their chains
+    skip the library's frames to the user line that called it."""
+    r, attribution = traced(through_library_code)
+    assert r["peak"] == 1000
+    chains = {s.bytes: where(s.chain) for s in attribution.at_peak}
+    assert chains[700] == [("holding", line_of(holding, "context manager's body")),
+                           ("through_library_code", line_of(through_library_code, "enters through contextlib"))]
+    assert chains[300] == [("__deepcopy__", line_of(CopiesItself.__deepcopy__, "called back by copy.py")),
+                           ("through_library_code", line_of(through_library_code, "copy.py calls back"))]
+
+
+# Out of scope by its file name (the scope is this file): what its frame
+# says about line tracing.
+_PROBE = {}
+exec(compile("import sys\ndef probe():\n    return sys._getframe().f_trace_lines\n",
+             "/nonexistent/library/probe.py", "exec"), _PROBE)
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the frame hook is 3.11's")
+def test_out_of_scope_frames_run_without_the_trace_function_on_311(traced):
+    """The trace function never hears a library frame: it would have turned
+    the frame's line events off (f_trace_lines False) on its call event."""
+    seen = {}
+
+    def user():
+        seen["status"] = E.tracer_status()
+        seen["lines"] = _PROBE["probe"]()
+
+    traced(user)
+    assert seen["status"]["eval_hook"] is True
+    assert seen["lines"] is True
+    assert E.tracer_status()["eval_hook"] is False   # out with the window
+
+
+def deep(n):
+    return 0 if n == 0 else deep(n - 1) + 1
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the frame hook is 3.11's")
+def test_a_raised_recursion_limit_keeps_the_hook_out(traced):
+    """With the hook in, every Python call takes C stack: a test that raised
+    the recursion limit far past the default recurses as deep as unmeasured."""
+    seen = {}
+
+    def user():
+        seen["hook"] = E.tracer_status()["eval_hook"]
+        seen["depth"] = deep(12000)
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        traced(user)
+    finally:
+        sys.setrecursionlimit(old)
+    assert seen == {"hook": False, "depth": 12000}
 
 
 def loops():
