@@ -5,6 +5,7 @@ protocol's first look.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
@@ -107,10 +108,11 @@ class Measurement:
             if self._tracing == 0:
                 tracing.release(paths=True, park=self.park)
 
-    def window(self) -> "TraceWindow":
+    def window(self) -> "TraceWindow | contextlib.nullcontext":
         """A region where user code may run (fixture setup, the test call,
-        teardown): traced on Pythons where tracing costs every frame."""
-        return TraceWindow(self)
+        teardown): traced on Pythons where tracing costs every frame; from
+        3.12 on one shared no-op (about ten are opened a test)."""
+        return TraceWindow(self) if WINDOWED else _NO_WINDOW
 
     def end(self) -> dict[str, DeviceFigures]:
         figures: dict[str, DeviceFigures] = {}
@@ -347,6 +349,9 @@ class Measurement:
             reason = self.unmeasured.get(device, f"{device} is not measured in this test")
             raise RuntimeError(f"memlab.limit({max!r}) cannot measure {device}: {reason}")
         return Limit(self.core, device, budget)
+
+
+_NO_WINDOW = contextlib.nullcontext()
 
 
 class TraceWindow:
