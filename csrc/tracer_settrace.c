@@ -198,7 +198,6 @@ eval_hook_check(void)
 {
     if (hook_usable >= 0)
         return hook_usable;
-    hook_usable = 0;
     PyFrameObject *frame = PyEval_GetFrame();
     if (frame == NULL)
         return 0;   /* asked again with a frame */
