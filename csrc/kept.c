@@ -3,14 +3,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Each phase running starts at own bytes (reached by site); the others
- * did not run: -1. */
+/* Each phase running starts at own bytes, reached by site (0: live
+ * before); the others did not run: -1. */
 static void
-KeptPhases_clear(KeptPhases *p, unsigned running, int64_t own)
+KeptPhases_clear(KeptPhases *p, unsigned running, int64_t own, uint32_t site)
 {
     for (int k = 0; k < PHASE_KINDS; k++) {
         p->max[k] = (running >> k) & 1u ? own : -1;
-        p->site[k] = 0;
+        p->site[k] = site;
     }
 }
 
@@ -54,7 +54,7 @@ Kept_start(Kept *self, uint32_t scope, uint64_t seq)
     self->head_max = 0;
     self->head_seq = seq;
     self->head_site = 0;
-    KeptPhases_clear(&self->head_phases, self->phases, 0);
+    KeptPhases_clear(&self->head_phases, self->phases, 0, 0);
 }
 
 void
@@ -131,9 +131,7 @@ Kept_on_alloc(Kept *self, uintptr_t addr, int64_t size, uint32_t site,
     b->seq = seq;
     b->site = site;
     b->span_site = site;
-    KeptPhases_clear(&b->phases, self->phases, own);
-    for (int k = 1; k < PHASE_KINDS; k++)
-        b->phases.site[k] = site;
+    KeptPhases_clear(&b->phases, self->phases, own, site);
     b->prev = self->last;
     b->next = 0;
     if (self->last != 0)
@@ -198,13 +196,9 @@ Kept_set_phases(Kept *self, unsigned mask, int64_t own)
     self->phases = mask;
     if (self->scope == 0 || started == 0)
         return;
-    KeptPhases *p = self->last == 0 ? &self->head_phases : &self->slots[self->last - 1].phases;
-    for (int k = 1; k < PHASE_KINDS; k++) {
-        if (((started >> k) & 1u) && own > p->max[k]) {
-            p->max[k] = own;
-            p->site[k] = 0;
-        }
-    }
+    /* What is live as a phase starts counts for it, reached by no site. */
+    KeptPhases_reach(self->last == 0 ? &self->head_phases : &self->slots[self->last - 1].phases,
+                     started, own, 0);
 }
 
 uint32_t

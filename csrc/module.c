@@ -52,6 +52,16 @@ slot_arg(PyObject *arg, int *slot)
     return 0;
 }
 
+/* arg is callable, else a TypeError naming the call and the parameter. */
+static int
+callable_arg(PyObject *arg, const char *call, const char *param)
+{
+    if (PyCallable_Check(arg))
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s(%s): %s must be callable", call, param, param);
+    return -1;
+}
+
 static int
 keys_init(void)
 {
@@ -106,10 +116,8 @@ engine_referrers(PyObject *Py_UNUSED(module), PyObject *args)
 static PyObject *
 tracer_start(PyObject *Py_UNUSED(module), PyObject *decide)
 {
-    if (!PyCallable_Check(decide)) {
-        PyErr_SetString(PyExc_TypeError, "tracer_start(decide): decide must be callable");
+    if (callable_arg(decide, "tracer_start", "decide") < 0)
         return NULL;
-    }
     return Tracer_start(decide);
 }
 
@@ -164,10 +172,8 @@ tracer_reset_lines(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 static PyObject *
 tracer_untraced_imports(PyObject *Py_UNUSED(module), PyObject *original)
 {
-    if (!PyCallable_Check(original)) {
-        PyErr_SetString(PyExc_TypeError, "untraced_imports(original): original must be callable");
+    if (callable_arg(original, "untraced_imports", "original") < 0)
         return NULL;
-    }
     return Tracer_untraced_imports(original);
 }
 

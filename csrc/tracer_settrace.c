@@ -211,7 +211,8 @@ eval_hook_check(void)
 static void
 eval_hook_install(void)
 {
-    if (getenv("MEMLAB_EVAL_HOOK") != NULL && strcmp(getenv("MEMLAB_EVAL_HOOK"), "0") == 0)
+    const char *setting = getenv("MEMLAB_EVAL_HOOK");
+    if (setting != NULL && strcmp(setting, "0") == 0)
         return;
     /* With the hook in, CPython calls every Python function through C (no
      * inlined calls), a C stack frame per level: a recursion limit raised
@@ -239,6 +240,7 @@ eval_hook_remove(void)
         next_eval = NULL;
     }
 }
+
 int
 Backend_hooked(void)
 {

@@ -39,7 +39,6 @@ class Watch:
 ALLOC_LOG_MAX = 1 << 20
 
 
-
 @dataclass(slots=True)
 class DeviceFigures:
     """What one device showed over one scope.  Sizes in bytes."""

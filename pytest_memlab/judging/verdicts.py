@@ -42,7 +42,6 @@ BUDGETS = (
 )
 
 
-
 class MemlabLeakWarning(UserWarning):
     """A measured test left tensors allocated after its teardown (the
     ``warn`` leak policy); the text names them and their holders."""
