@@ -371,6 +371,7 @@ engine_exec(PyObject *module)
         {"PHASE_FORWARD", PHASE_FORWARD},
         {"PHASE_BACKWARD", PHASE_BACKWARD},
         {"PHASE_STEP", PHASE_STEP},
+        {"SCOPE_LOCATED", SCOPE_LOCATED},
     };
     for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++) {
         if (PyModule_AddIntConstant(module, constants[i].name,

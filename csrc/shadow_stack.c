@@ -1,5 +1,7 @@
 #include "shadow_stack.h"
 
+#include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,8 +9,10 @@ ShadowStack *
 ShadowStack_new(void)
 {
     ShadowStack *s = calloc(1, sizeof(ShadowStack));
-    if (s != NULL)
+    if (s != NULL) {
         atomic_init(&s->depth, 0);
+        atomic_init(&s->readers, 0);
+    }
     return s;
 }
 
@@ -48,6 +52,25 @@ raise_max(_Atomic int64_t *where, int64_t v)
         ;
 }
 
+/* A frame's line: a traced frame's running line; a located frame's
+ * found from the instruction it runs, which the owner caches. */
+static uint32_t
+frame_line(ShadowFrame *f, const LineClock *clock, int owner)
+{
+    if (f->where == NULL)
+        return atomic_load_explicit(&f->line, memory_order_relaxed);
+    int lasti = clock->lasti(f->where);
+    if (owner && lasti == f->lasti)
+        return atomic_load_explicit(&f->line, memory_order_relaxed);
+    uint32_t line = LineTable_intern(clock->lines, f->code,
+                                     clock->line_of(f->code_obj, lasti));
+    if (owner) {
+        f->lasti = lasti;
+        atomic_store_explicit(&f->line, line, memory_order_relaxed);
+    }
+    return line;
+}
+
 /* Frame d - 1 starts its line: the line is interned with its chain (the
  * innermost SITE_CHAIN frames' lines) as a site, here and not on the
  * allocator path. */
@@ -61,8 +84,7 @@ line_begin(ShadowStack *self, int d, const LineClock *clock, uint32_t code,
     uint32_t n = d < SITE_CHAIN ? (uint32_t)d : SITE_CHAIN;
     chain[0] = line;
     for (uint32_t i = 1; i < n; i++)
-        chain[i] = atomic_load_explicit(&self->frames[d - 1 - i].line,
-                                        memory_order_relaxed);
+        chain[i] = frame_line(&self->frames[d - 1 - i], clock, 1);
     f->lineno = lineno;
     atomic_store_explicit(&f->line, line, memory_order_relaxed);
     atomic_store_explicit(&f->site, SiteTable_intern(clock->sites, chain, n),
@@ -108,8 +130,39 @@ ShadowStack_push(ShadowStack *self, const LineClock *clock, uint32_t code,
         return;
     }
     self->frames[d].code = code;
+    self->frames[d].where = NULL;
     line_begin(self, d + 1, clock, code, lineno);
     atomic_store_explicit(&self->depth, d + 1, memory_order_release);
+}
+
+void
+ShadowStack_push_located(ShadowStack *self, uint32_t code, const void *where,
+                         const void *code_obj)
+{
+    int d = atomic_load_explicit(&self->depth, memory_order_relaxed);
+    if (d >= SHADOW_STACK_DEPTH) {
+        self->overflow++;
+        return;
+    }
+    ShadowFrame *f = &self->frames[d];
+    f->code = code;
+    f->lineno = 0;
+    f->where = where;
+    f->code_obj = code_obj;
+    f->lasti = f->site_lasti = INT_MIN;     /* none yet */
+    atomic_store_explicit(&f->line, 0, memory_order_relaxed);
+    atomic_store_explicit(&f->site, 0, memory_order_relaxed);
+    atomic_store_explicit(&self->depth, d + 1, memory_order_release);
+}
+
+void
+ShadowStack_quiesce(ShadowStack *self)
+{
+    unsigned spins = 0;
+    while (atomic_load(&self->readers) != 0) {
+        if (++spins > 64)
+            sched_yield();
+    }
 }
 
 void
@@ -118,6 +171,8 @@ ShadowStack_unwind_to(ShadowStack *self, const LineClock *clock, int i)
     int d = atomic_load_explicit(&self->depth, memory_order_relaxed);
     for (int j = d - 1; j >= i; j--) {
         ShadowFrame *f = &self->frames[j];
+        if (f->where != NULL)
+            continue;   /* located: its lines' peaks were raised as it ran */
         line_end(f, clock);
         if (j > 0) {
             ShadowFrame *p = &self->frames[j - 1];
@@ -127,7 +182,10 @@ ShadowStack_unwind_to(ShadowStack *self, const LineClock *clock, int i)
             }
         }
     }
-    atomic_store_explicit(&self->depth, i, memory_order_release);
+    /* Sequentially consistent, with readers: a reader that announced
+     * itself after this store sees the new depth; one before it is waited
+     * for (ShadowStack_quiesce) before the frame leaves. */
+    atomic_store(&self->depth, i);
 }
 
 /* The innermost frame of code, searched a few frames deep (a missed
@@ -153,6 +211,9 @@ ShadowStack_pop(ShadowStack *self, const LineClock *clock, uint32_t code)
     int i = find(self, code);
     if (i >= 0)
         ShadowStack_unwind_to(self, clock, i);
+    /* Also when the frame was not found (a reset emptied the stack while
+     * a reader was in it): the frame leaves after this returns. */
+    ShadowStack_quiesce(self);
 }
 
 int
@@ -174,37 +235,80 @@ ShadowStack_line(ShadowStack *self, const LineClock *clock, uint32_t code,
     return 1;
 }
 
-uint32_t
-ShadowStack_site(ShadowStack *self)
+/* A located top frame: the site of the chain, found from the frames'
+ * instructions (the owner's cache when its instruction did not change:
+ * the frames below it cannot move while it runs); the lines' peaks are
+ * raised here, as nothing ends them. */
+static uint32_t
+located_attribute(ShadowStack *self, int d, const LineClock *clock, int owner,
+                  int slot, int64_t size, int64_t total, int64_t reserved)
 {
-    int d = atomic_load_explicit(&self->depth, memory_order_acquire);
-    if (d <= 0)
-        return 0;
-    if (d > SHADOW_STACK_DEPTH)
-        d = SHADOW_STACK_DEPTH;
-    return atomic_load_explicit(&self->frames[d - 1].site, memory_order_relaxed);
+    ShadowFrame *top = &self->frames[d - 1];
+    uint32_t site;
+    int lasti = clock->lasti(top->where);
+    if (owner && lasti == top->site_lasti) {
+        site = atomic_load_explicit(&top->site, memory_order_relaxed);
+    }
+    else {
+        uint32_t chain[SITE_CHAIN];
+        uint32_t n = d < SITE_CHAIN ? (uint32_t)d : SITE_CHAIN;
+        for (uint32_t i = 0; i < n; i++)
+            chain[i] = frame_line(&self->frames[d - 1 - i], clock, owner);
+        site = SiteTable_intern(clock->sites, chain, n);
+        if (owner) {
+            top->site_lasti = lasti;
+            atomic_store_explicit(&top->site, site, memory_order_relaxed);
+        }
+    }
+    const SiteRec *rec = SiteTable_get(clock->sites, site);
+    if (size == 0 || slot >= LINE_SLOTS || rec == NULL)
+        return site;
+    for (uint32_t i = 0; i < rec->n; i++) {
+        uint32_t line = rec->lines[i];
+        LineRec *r = LineTable_get(clock->lines, line);
+        if (r == NULL)
+            continue;
+        LineTable_touch(clock->lines, r, line);
+        if (i == 0)
+            atomic_fetch_add_explicit(&r->alloc[slot], size,
+                                      memory_order_relaxed);
+        raise_max(&r->peak[slot], total);
+        raise_max(&r->peak_reserved[slot], reserved);
+    }
+    return site;
 }
 
 uint32_t
-ShadowStack_attribute(ShadowStack *self, LineTable *lines, int slot,
-                      int64_t size, int64_t total, int64_t reserved)
+ShadowStack_attribute(ShadowStack *self, const LineClock *clock, int owner,
+                      int slot, int64_t size, int64_t total, int64_t reserved)
 {
-    int d = atomic_load_explicit(&self->depth, memory_order_acquire);
-    if (d <= 0)
-        return 0;
+    if (!owner)
+        atomic_fetch_add(&self->readers, 1);
+    uint32_t site = 0;
+    int d = atomic_load(&self->depth);
     if (d > SHADOW_STACK_DEPTH)
         d = SHADOW_STACK_DEPTH;
+    if (d <= 0)
+        goto done;
     ShadowFrame *top = &self->frames[d - 1];
-    if (slot < LINE_SLOTS) {
-        raise_max(&top->hw[slot], total);
-        raise_max(&top->hwr[slot], reserved);
-        uint32_t line = atomic_load_explicit(&top->line, memory_order_relaxed);
-        LineRec *r = LineTable_get(lines, line);
-        if (r != NULL) {
-            LineTable_touch(lines, r, line);
-            atomic_fetch_add_explicit(&r->alloc[slot], size,
-                                      memory_order_relaxed);
-        }
+    if (top->where != NULL) {
+        site = located_attribute(self, d, clock, owner, slot, size, total,
+                                 reserved);
+        goto done;
     }
-    return atomic_load_explicit(&top->site, memory_order_relaxed);
+    site = atomic_load_explicit(&top->site, memory_order_relaxed);
+    if (size == 0 || slot >= LINE_SLOTS)
+        goto done;
+    raise_max(&top->hw[slot], total);
+    raise_max(&top->hwr[slot], reserved);
+    uint32_t line = atomic_load_explicit(&top->line, memory_order_relaxed);
+    LineRec *r = LineTable_get(clock->lines, line);
+    if (r != NULL) {
+        LineTable_touch(clock->lines, r, line);
+        atomic_fetch_add_explicit(&r->alloc[slot], size, memory_order_relaxed);
+    }
+done:
+    if (!owner)
+        atomic_fetch_sub(&self->readers, 1);
+    return site;
 }

@@ -31,6 +31,7 @@ int
 LineTable_init(LineTable *self)
 {
     memset(self, 0, sizeof(*self));
+    Spinlock_init(&self->lock);
     atomic_init(&self->count, 0);
     atomic_init(&self->epoch, 1);     /* new records hold 0: untouched */
     atomic_init(&self->ntouched, 0);
@@ -85,8 +86,8 @@ LineTable_grow(LineTable *self)
     return 0;
 }
 
-uint32_t
-LineTable_intern(LineTable *self, uint32_t code, int32_t lineno)
+static uint32_t
+LineTable_intern_locked(LineTable *self, uint32_t code, int32_t lineno)
 {
     uint64_t key = ((uint64_t)code << 32) | (uint32_t)lineno;
     uint32_t i = mix64(key) & self->mask;
@@ -99,7 +100,7 @@ LineTable_intern(LineTable *self, uint32_t code, int32_t lineno)
     if ((n + 1) * 2 > self->mask + 1) {
         if (LineTable_grow(self) < 0)
             return 0;
-        return LineTable_intern(self, code, lineno);
+        return LineTable_intern_locked(self, code, lineno);
     }
     if (chunk_reserve((void **)self->chunks, n, sizeof(LineRec)) < 0)
         return 0;
@@ -110,6 +111,15 @@ LineTable_intern(LineTable *self, uint32_t code, int32_t lineno)
     self->vals[i] = n + 1;
     atomic_store_explicit(&self->count, n + 1, memory_order_release);
     return n + 1;
+}
+
+uint32_t
+LineTable_intern(LineTable *self, uint32_t code, int32_t lineno)
+{
+    Spinlock_acquire(&self->lock);
+    uint32_t id = LineTable_intern_locked(self, code, lineno);
+    Spinlock_release(&self->lock);
+    return id;
 }
 
 int
@@ -162,6 +172,7 @@ int
 SiteTable_init(SiteTable *self)
 {
     memset(self, 0, sizeof(*self));
+    Spinlock_init(&self->lock);
     atomic_init(&self->count, 0);
     self->mask = 1023;
     self->index = calloc(self->mask + 1, sizeof(uint32_t));
@@ -207,13 +218,9 @@ SiteTable_grow(SiteTable *self)
     return 0;
 }
 
-uint32_t
-SiteTable_intern(SiteTable *self, const uint32_t *lines, uint32_t n)
+static uint32_t
+SiteTable_intern_locked(SiteTable *self, const uint32_t *lines, uint32_t n)
 {
-    if (n == 0)
-        return 0;
-    if (n > SITE_CHAIN)
-        n = SITE_CHAIN;
     uint32_t h = chain_hash(lines, n);
     uint32_t i = h & self->mask;
     while (self->index[i] != 0) {
@@ -226,7 +233,7 @@ SiteTable_intern(SiteTable *self, const uint32_t *lines, uint32_t n)
     if ((count + 1) * 2 > self->mask + 1) {
         if (SiteTable_grow(self) < 0)
             return 0;
-        return SiteTable_intern(self, lines, n);
+        return SiteTable_intern_locked(self, lines, n);
     }
     if (chunk_reserve((void **)self->chunks, count, sizeof(SiteRec)) < 0)
         return 0;
@@ -236,4 +243,17 @@ SiteTable_intern(SiteTable *self, const uint32_t *lines, uint32_t n)
     self->index[i] = count + 1;
     atomic_store_explicit(&self->count, count + 1, memory_order_release);
     return count + 1;
+}
+
+uint32_t
+SiteTable_intern(SiteTable *self, const uint32_t *lines, uint32_t n)
+{
+    if (n == 0)
+        return 0;
+    if (n > SITE_CHAIN)
+        n = SITE_CHAIN;
+    Spinlock_acquire(&self->lock);
+    uint32_t id = SiteTable_intern_locked(self, lines, n);
+    Spinlock_release(&self->lock);
+    return id;
 }

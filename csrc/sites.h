@@ -9,14 +9,18 @@
  *
  * Both tables are append-only and chunked: a record never moves once
  * published, so the allocator path reads lines without the GIL and without
- * a lock.  Lines and sites are interned only under the GIL, which orders
- * every writer; there is no lock.
+ * a lock.  Interning takes each table's spinlock: lines found at
+ * allocation (shadow_stack.h's frames whose lines are not traced) are
+ * interned on the allocator's path, from any thread, beside the tracer's
+ * owners under the GIL.  Nothing else is done while it is held.
  */
 #ifndef MEMLAB_SITES_H
 #define MEMLAB_SITES_H
 
 #include <stdatomic.h>
 #include <stdint.h>
+
+#include "spinlock.h"
 
 #define SITE_CHAIN 8
 #define LINE_SLOTS 4            /* devices with per-line figures: cpu, cuda:0..2 */
@@ -38,7 +42,8 @@ typedef struct LineRec {
 typedef struct LineTable {
     LineRec *chunks[TABLE_MAX_CHUNKS];
     atomic_uint count;          /* ids 1..count are published */
-    uint64_t *keys;             /* (code << 32 | lineno) -> id map, GIL only */
+    Spinlock lock;              /* interning */
+    uint64_t *keys;             /* (code << 32 | lineno) -> id map, locked */
     uint32_t *vals;
     uint32_t mask;
     /* The lines whose statistics changed since the last reset, so that a
@@ -61,13 +66,14 @@ typedef struct SiteRec {
 typedef struct SiteTable {
     SiteRec *chunks[TABLE_MAX_CHUNKS];
     atomic_uint count;          /* ids 1..count are published */
+    Spinlock lock;              /* interning */
     uint32_t *index;            /* open addressing over site ids, 0 empty */
     uint32_t mask;
 } SiteTable;
 
 int LineTable_init(LineTable *self);
 void LineTable_fini(LineTable *self);
-/* 0 when out of memory. */
+/* 0 when out of memory.  Any thread (the table's lock). */
 uint32_t LineTable_intern(LineTable *self, uint32_t code, int32_t lineno);
 static inline LineRec *
 LineTable_get(LineTable *self, uint32_t id)
@@ -112,7 +118,7 @@ void LineTable_reset(LineTable *self);
 int SiteTable_init(SiteTable *self);
 void SiteTable_fini(SiteTable *self);
 /* Interns a chain (innermost first); 0 when n is 0 or out of memory.
- * Under the GIL only. */
+ * Any thread (the table's lock). */
 uint32_t SiteTable_intern(SiteTable *self, const uint32_t *lines, uint32_t n);
 static inline const SiteRec *
 SiteTable_get(SiteTable *self, uint32_t id)

@@ -78,6 +78,7 @@ Tracer_code_info(PyObject *code)
     if (ci->decided != T.epoch) {
         ci->decided = T.epoch;  /* first: a recursive event sees "out" */
         ci->in_scope = 0;
+        ci->located = 0;
         ci->phase = PHASE_NONE;
         if (T.decide != NULL) {
             /* True: in scope; an int 1 + PHASE_*: a phase function. */
@@ -92,8 +93,11 @@ Tracer_code_info(PyObject *code)
                 Tracer_store_error();
             else if (verdict > 1 && verdict - 1 < PHASE_KINDS)
                 ci->phase = (int)(verdict - 1);
+            else if (verdict == SCOPE_LOCATED)
+                ci->in_scope = ci->located = 1;
             else
                 ci->in_scope = verdict == 1;
+            ci->located &= Backend_can_locate();
         }
         if (ci->in_scope && ci->code_id == 0) {
             if (PyList_Append(T.codes, code) < 0) {
@@ -218,13 +222,24 @@ tracer_attribute(void *ctx, int slot, int64_t size, int64_t total,
     if (!atomic_load_explicit(&T.tracing, memory_order_relaxed))
         return 0;
     ShadowStack *t = tls_stack;
-    if (t == NULL || atomic_load_explicit(&t->depth, memory_order_acquire) == 0)
+    int owner = 1;
+    if (t == NULL || atomic_load_explicit(&t->depth, memory_order_acquire) == 0) {
         t = atomic_load_explicit(&T.anchor, memory_order_acquire);
+        owner = t == tls_stack;
+    }
     if (t == NULL)
         return 0;
-    if (size == 0)   /* a request that failed (engine.c): its site, nothing charged */
-        return ShadowStack_site(t);
-    return ShadowStack_attribute(t, &T.lines, slot, size, total, reserved);
+    /* size 0: a request that failed (engine.c): its site, nothing charged */
+    return ShadowStack_attribute(t, &T.clock, owner, slot, size, total,
+                                 reserved);
+}
+
+/* A located frame's line from its instruction's offset: a pure read of
+ * the code object's line table (the frame holds the code). */
+static int
+code_line(const void *code_obj, int lasti)
+{
+    return PyCode_Addr2Line((PyCodeObject *)code_obj, lasti);
 }
 
 /* -- the API -------------------------------------------------------------- */
@@ -239,6 +254,8 @@ Tracer_init(PyObject *module, Engine *engine)
     T.clock.engine = engine;
     T.clock.lines = &T.lines;
     T.clock.sites = &T.sites;
+    T.clock.lasti = Backend_lasti;
+    T.clock.line_of = code_line;
     T.tool = -1;
     T.epoch = 1;
     atomic_init(&T.tracing, 0);
@@ -305,6 +322,10 @@ Tracer_stop(int park)
      * heard while stopped. */
     for (ShadowStack *t = T.threads; t != NULL; t = t->next)
         ShadowStack_unwind_to(t, &T.clock, 0);
+    /* Readers that came before tracing stopped leave before any frame
+     * can (events are not heard while stopped, so no pop waits for them). */
+    for (ShadowStack *t = T.threads; t != NULL; t = t->next)
+        ShadowStack_quiesce(t);
     Engine_set_phases(T.engine, 0);
     if (rc < 0)
         return NULL;
@@ -415,9 +436,10 @@ PyObject *
 Tracer_status(void)
 {
     return Py_BuildValue(
-        "{s:s,s:O,s:i,s:O,s:O,s:n,s:I,s:I}",
+        "{s:s,s:O,s:O,s:i,s:O,s:O,s:n,s:I,s:I}",
         "backend", MEMLAB_SYSMON ? "sys.monitoring" : "PyEval_SetTrace",
         "eval_hook", Backend_hooked() ? Py_True : Py_False,
+        "located", Backend_can_locate() ? Py_True : Py_False,
         "tool", T.tool,
         "tracing", atomic_load(&T.tracing) ? Py_True : Py_False,
         "parked", T.parked ? Py_True : Py_False,

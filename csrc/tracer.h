@@ -16,8 +16,13 @@
 #include "engine.h"
 #include "sites.h"
 
+/* decide's verdict for code in scope whose lines are found at allocation,
+ * without line events (Python 3.12+; before, such code is traced). */
+#define SCOPE_LOCATED 16
+
 int Tracer_init(PyObject *module, Engine *engine);
-/* decide(code) -> bool, called once per code object (per decide). */
+/* decide(code) -> True (in scope, every line traced), SCOPE_LOCATED, 1 +
+ * a phase kind, or false; called once per code object (per decide). */
 PyObject *Tracer_start(PyObject *decide);
 /* With park, on sys.monitoring, the events stay on (callbacks return at
  * once): turning them off and on again makes CPython re-instrument every

@@ -29,6 +29,8 @@ typedef struct CodeInfo {
     uint32_t decided;           /* epoch of the decision */
     uint32_t local_run;         /* run in which its local events were set */
     int in_scope;
+    int located;                /* in scope, lines found at allocation (3.12+) */
+    long local_events;          /* the local events set in local_run */
     int phase;                  /* a phase function (phases.h), else 0 */
 } CodeInfo;
 
@@ -55,6 +57,7 @@ typedef struct TracerState {
     PyObject *disable;
     PyObject *enabled;          /* code objects with local events this run */
     long ev_local;
+    long ev_located;            /* local events of a located code: no LINE */
     long ev_phase;              /* local events of a phase function */
     long ev_global;
 } TracerState;
@@ -81,6 +84,12 @@ ShadowStack *Tracer_thread_if_any(void);
 /* The event source. */
 int Backend_on(void);
 int Backend_off(void);
+/* 1 if frames can be located (shadow_stack.h): their interpreter frames'
+ * layout is known (3.12+; 3.11 once checked on a live frame). */
+int Backend_can_locate(void);
+/* A located frame's instruction offset (bytes), for LineClock.lasti: a
+ * read of the interpreter's frame, on any thread while it lives. */
+int Backend_lasti(const void *where);
 /* 1 while the 3.11 frame-evaluation hook is in (tracer_settrace.c). */
 int Backend_hooked(void);
 /* Scope decisions changed: code that was told never to report again must

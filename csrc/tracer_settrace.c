@@ -55,6 +55,69 @@ typedef struct {
 #define FRAME_TRACE_LINES(frame) ((frame)->f_trace_lines)
 #endif
 
+#if PY_VERSION_HEX >= 0x030B0000
+/* 3.11's _PyInterpreterFrame keeps these fields at these places in every
+ * 3.11 release (Include/internal/pycore_frame.h, mirrored: the internal
+ * header needs Py_BUILD_CORE); layout_check tests them on a live frame
+ * before the hook goes in or a frame is located. */
+typedef struct {
+    PyObject *f_func;
+    PyObject *f_globals;
+    PyObject *f_builtins;
+    PyObject *f_locals;
+    PyCodeObject *f_code;
+    PyObject *frame_obj;
+    void *previous;
+    _Py_CODEUNIT *prev_instr;
+} InterpFrameHead;
+#define INTERP_FRAME_CODE(f) (((InterpFrameHead *)(f))->f_code)
+static int layout_ok = -1;          /* -1: not checked yet */
+
+static const void *
+frame_where(PyFrameObject *frame)
+{
+    return ((FrameHead *)frame)->f_frame;
+}
+
+int
+Backend_lasti(const void *where)
+{
+    const InterpFrameHead *f = where;
+    const _Py_CODEUNIT *first = (const _Py_CODEUNIT *)f->f_code->co_code_adaptive;
+    return (int)(f->prev_instr - first) * (int)sizeof(_Py_CODEUNIT);
+}
+
+/* True if the mirrored frame layout holds on this interpreter: the code
+ * and the frame object of the frame that called into memlab, read both
+ * ways. */
+static int
+layout_check(void)
+{
+    if (layout_ok >= 0)
+        return layout_ok;
+    PyFrameObject *frame = PyEval_GetFrame();
+    if (frame == NULL)
+        return 0;   /* asked again with a frame */
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    const InterpFrameHead *f = frame_where(frame);
+    layout_ok = f != NULL && f->f_code == code && f->frame_obj == (PyObject *)frame
+                && Backend_lasti(f) == PyFrame_GetLasti(frame);
+    Py_DECREF(code);
+    return layout_ok;
+}
+
+int
+Backend_can_locate(void)
+{
+    return layout_ok == 1;
+}
+#else
+static const void *frame_where(PyFrameObject *frame) { (void)frame; return NULL; }
+int Backend_lasti(const void *where) { (void)where; return -1; }
+static int layout_check(void) { return 0; }
+int Backend_can_locate(void) { return 0; }
+#endif
+
 static int
 trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
 {
@@ -76,7 +139,13 @@ trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     else if (ci != NULL && ci->in_scope) {
         ShadowStack *t = Tracer_thread();
         if (t != NULL) {
-            if (what == PyTrace_CALL)
+            if (what == PyTrace_CALL && ci->located) {
+                /* Its line is found at allocation: no line events. */
+                ShadowStack_push_located(t, ci->code_id, frame_where(frame),
+                                         code);
+                lines_off = 1;
+            }
+            else if (what == PyTrace_CALL)
                 ShadowStack_push(t, &T.clock, ci->code_id, PyFrame_GetLineNumber(frame));
             else if (what == PyTrace_LINE)
                 lines_off = !ShadowStack_line(t, &T.clock, ci->code_id,
@@ -131,23 +200,9 @@ Tracer_untraced_imports(PyObject *original)
 }
 
 #if PY_VERSION_HEX >= 0x030B0000
-/* 3.11's _PyInterpreterFrame keeps its code at this place in every 3.11
- * release (Include/internal/pycore_frame.h, mirrored: the internal header
- * needs Py_BUILD_CORE); eval_hook_check tests it on a live frame before
- * the hook is ever installed. */
-typedef struct {
-    PyObject *f_func;
-    PyObject *f_globals;
-    PyObject *f_builtins;
-    PyObject *f_locals;
-    PyCodeObject *f_code;
-} InterpFrameHead;
-#define INTERP_FRAME_CODE(f) (((InterpFrameHead *)(f))->f_code)
-
 /* The evaluation function the hook hands frames to: CPython's, or whatever
  * another tool had installed (torch.compile's, say) when the hook went in. */
 static _PyFrameEvalFunction next_eval;
-static int hook_usable = -1;        /* -1: not checked yet */
 /* About 0.3 to 0.5 KiB of C stack a level with a hook in (measured on
  * 3.11: a 1 MiB thread stack held 2000 levels of a recursive function, not
  * 4000; none is used without one): 5000 levels stay within 2.5 MiB of a
@@ -191,23 +246,6 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
     return result;
 }
 
-/* True if the mirrored frame layout holds on this interpreter: the code of
- * the frame that called into memlab, read both ways. */
-static int
-eval_hook_check(void)
-{
-    if (hook_usable >= 0)
-        return hook_usable;
-    PyFrameObject *frame = PyEval_GetFrame();
-    if (frame == NULL)
-        return 0;   /* asked again with a frame */
-    PyCodeObject *code = PyFrame_GetCode(frame);
-    void *interp_frame = ((FrameHead *)frame)->f_frame;
-    hook_usable = interp_frame != NULL && INTERP_FRAME_CODE(interp_frame) == code;
-    Py_DECREF(code);
-    return hook_usable;
-}
-
 static void
 eval_hook_install(void)
 {
@@ -219,7 +257,7 @@ eval_hook_install(void)
      * far past the default could then overflow the C stack where the test
      * unmeasured would not.  Above HOOK_RECURSION_LIMIT the trace function
      * runs alone, as without the hook. */
-    if (Py_GetRecursionLimit() > HOOK_RECURSION_LIMIT || !eval_hook_check())
+    if (Py_GetRecursionLimit() > HOOK_RECURSION_LIMIT || !layout_check())
         return;
     PyInterpreterState *interp = PyInterpreterState_Get();
     _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(interp);
@@ -256,6 +294,7 @@ int Backend_hooked(void) { return 0; }
 int
 Backend_on(void)
 {
+    (void)layout_check();   /* before any frame is located */
     PyEval_SetTrace(trace_fn, NULL);
     eval_hook_install();
     return 0;

@@ -4,7 +4,9 @@
  * code out of scope gets DISABLE and never reports again (until the scope
  * rules change and restart_events() asks anew).  Code in scope gets LINE,
  * PY_RETURN, PY_YIELD and PY_RESUME as local events; PY_UNWIND and PY_THROW
- * are global (they cannot be disabled per location).  The tool id is one
+ * are global (they cannot be disabled per location).  Located code (the
+ * plugin's: shadow_stack.h) gets no LINE: its frames are pushed with the
+ * interpreter's frame, and their lines found when something is allocated.  The tool id is one
  * that CPython leaves unnamed (4, else 3), never the profiler's or the
  * debugger's: a test may run cProfile or pdb.
  */
@@ -68,6 +70,7 @@ monitoring_register(void)
         goto error;
     T.ev_local = event_bit(events, "LINE") | event_bit(events, "PY_RETURN")
                  | event_bit(events, "PY_YIELD") | event_bit(events, "PY_RESUME");
+    T.ev_located = T.ev_local & ~event_bit(events, "LINE");
     T.ev_phase = event_bit(events, "PY_RETURN");
     T.ev_global = event_bit(events, "PY_START") | event_bit(events, "PY_UNWIND")
                   | event_bit(events, "PY_THROW");
@@ -132,6 +135,32 @@ error:
         return Py_NewRef(result);                                            \
     } while (0)
 
+/* The interpreter frame the event came from: the thread's innermost (a
+ * callback is a C function: it has none). */
+static const void *
+current_frame(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+#if PY_VERSION_HEX >= 0x030D0000
+    return ts->current_frame;
+#else
+    return ts->cframe->current_frame;
+#endif
+}
+
+/* A frame in scope starts or comes back on this thread. */
+static void
+push(const CodeInfo *ci, PyObject *code, int lineno)
+{
+    ShadowStack *t = Tracer_thread();
+    if (t == NULL)
+        return;
+    if (ci->located)
+        ShadowStack_push_located(t, ci->code_id, current_frame(), code);
+    else
+        ShadowStack_push(t, &T.clock, ci->code_id, lineno);
+}
+
 PyObject *
 Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n)
 {
@@ -155,12 +184,16 @@ Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n)
         MON_LEAVE(T.disable);   /* never again for this code */
     if (!tracing)
         MON_LEAVE(Py_None);     /* in scope: its events wait for a test */
-    if (ci->local_run != T.run) {
-        /* A phase function only needs its returns (its depth), no lines. */
+    /* A phase function only needs its returns (its depth), no lines; a
+     * located code no lines either. */
+    long wanted = ci->phase ? T.ev_phase : ci->located ? T.ev_located : T.ev_local;
+    if (ci->local_run != T.run || ci->local_events != wanted) {
+        int listed = ci->local_run == T.run;
         ci->local_run = T.run;
+        ci->local_events = wanted;
         PyObject *r = call_monitoring("set_local_events", "(iOl)", T.tool,
-                                      code, ci->phase ? T.ev_phase : T.ev_local);
-        if (r == NULL || PyList_Append(T.enabled, code) < 0)
+                                      code, wanted);
+        if (r == NULL || (!listed && PyList_Append(T.enabled, code) < 0))
             Tracer_store_error();
         Py_XDECREF(r);
     }
@@ -168,9 +201,7 @@ Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n)
         Tracer_phase_enter(Tracer_thread(), ci, PyEval_GetFrame());
         MON_LEAVE(Py_None);
     }
-    ShadowStack *t = Tracer_thread();
-    if (t != NULL)
-        ShadowStack_push(t, &T.clock, ci->code_id, ((PyCodeObject *)code)->co_firstlineno);
+    push(ci, code, ((PyCodeObject *)code)->co_firstlineno);
     MON_LEAVE(Py_None);
 }
 
@@ -184,10 +215,7 @@ mon_reenter(PyObject *const *args)
         int offset = (int)PyLong_AsLong(args[1]);
         if (offset < 0 && PyErr_Occurred())
             Tracer_store_error();
-        ShadowStack *t = Tracer_thread();
-        if (t != NULL)
-            ShadowStack_push(t, &T.clock, ci->code_id,
-                        PyCode_Addr2Line((PyCodeObject *)code, offset));
+        push(ci, code, PyCode_Addr2Line((PyCodeObject *)code, offset));
     }
     MON_LEAVE(Py_None);
 }
@@ -216,7 +244,9 @@ Tracer_mon_leave(PyObject *m, PyObject *const *args, Py_ssize_t n)
     MON_ENTER(1);
     CodeInfo *ci = Tracer_code_info(args[0]);
     ShadowStack *t = Tracer_thread_if_any();
-    if (ci != NULL && ci->in_scope && t != NULL)
+    /* code_id: a frame pushed in scope leaves even if the scope's rules
+     * changed since (a located frame must never outlive its entry). */
+    if (ci != NULL && ci->code_id != 0 && t != NULL)
         ShadowStack_pop(t, &T.clock, ci->code_id);
     else if (ci != NULL && ci->phase)
         Tracer_phase_leave(t, ci);
@@ -290,6 +320,18 @@ int
 Backend_hooked(void)
 {
     return 0;   /* sys.monitoring needs no frame hook */
+}
+
+int
+Backend_can_locate(void)
+{
+    return 1;
+}
+
+int
+Backend_lasti(const void *where)
+{
+    return PyUnstable_InterpreterFrame_GetLasti((struct _PyInterpreterFrame *)where);
 }
 
 #endif

@@ -3,7 +3,8 @@
  * while the measuring thread opens and closes scopes, reads their figures,
  * moves its shadow stack's lines and resets them; the attribution reads
  * that stack and raises its high-water marks from every allocator thread
- * at once. */
+ * at once, and finds the lines of its located frames while the measuring
+ * thread moves them and frees each frame after it left. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -52,7 +53,7 @@ static uint32_t
 attribute(void *ctx, int slot, int64_t size, int64_t total, int64_t reserved)
 {
     World *w = ctx;
-    return ShadowStack_attribute(w->stack, &w->lines, slot, size, total,
+    return ShadowStack_attribute(w->stack, &w->clock, 0, slot, size, total,
                                  reserved);
 }
 
@@ -65,7 +66,7 @@ world_new(void)
     assert_non_null(w->engine);
     assert_int_equal(LineTable_init(&w->lines), 0);
     assert_int_equal(SiteTable_init(&w->sites), 0);
-    w->clock = (LineClock){w->engine, &w->lines, &w->sites};
+    w->clock = (LineClock){w->engine, &w->lines, &w->sites, NULL, NULL};
     w->stack = ShadowStack_new();
     assert_non_null(w->stack);
     atomic_init(&w->go, 0);
@@ -206,7 +207,7 @@ test_events_against_scopes_and_a_moving_stack(void **state)
 
 typedef struct Raiser {
     ShadowStack *stack;
-    LineTable *lines;
+    const LineClock *clock;
     atomic_int *go;
     int64_t base;
 } Raiser;
@@ -218,7 +219,7 @@ raise_marks(void *arg)
     while (!atomic_load(r->go))
         sched_yield();
     for (int64_t i = 0; i < 5000; i++)
-        (void)ShadowStack_attribute(r->stack, r->lines, CUDA0, 1,
+        (void)ShadowStack_attribute(r->stack, r->clock, 0, CUDA0, 1,
                                     r->base + i, r->base + 2 * i);
     return NULL;
 }
@@ -235,7 +236,7 @@ test_high_water_marks_from_several_threads(void **state)
     Raiser raisers[THREADS];
     pthread_t threads[THREADS];
     for (int i = 0; i < THREADS; i++) {
-        raisers[i] = (Raiser){w->stack, &w->lines, &w->go, (int64_t)i * 1000};
+        raisers[i] = (Raiser){w->stack, &w->clock, &w->go, (int64_t)i * 1000};
         assert_int_equal(pthread_create(&threads[i], NULL, raise_marks,
                                         &raisers[i]), 0);
     }
@@ -324,6 +325,96 @@ test_a_fork_while_threads_deliver_events(void **state)
     Engine_free(e);
 }
 
+/* A located frame here: the instruction it runs, moved by its owner while
+ * other threads read it; freed once it has left, as the interpreter frees
+ * a returned frame's memory. */
+typedef struct FakeFrame {
+    atomic_int lasti;
+} FakeFrame;
+
+static int
+fake_lasti(const void *where)
+{
+    return atomic_load_explicit(&((FakeFrame *)where)->lasti,
+                                memory_order_relaxed);
+}
+
+static int
+fake_line_of(const void *code_obj, int lasti)
+{
+    return *(const int *)code_obj * 100 + lasti % 7;
+}
+
+typedef struct Reader {
+    World *world;
+    long reads;
+} Reader;
+
+static void *
+read_located(void *arg)
+{
+    Reader *r = arg;
+    World *w = r->world;
+    while (!atomic_load(&w->go))
+        sched_yield();
+    while (!atomic_load(&w->stop) && r->reads < MAX_EVENTS) {
+        (void)ShadowStack_attribute(w->stack, &w->clock, 0, CUDA0, 8,
+                                    r->reads, r->reads);
+        r->reads++;
+    }
+    return NULL;
+}
+
+/* Other threads find the measuring thread's lines in its located frames
+ * while it pushes, moves and pops them, and frees each frame once popped:
+ * no reader touches a freed frame (AddressSanitizer, valgrind), every
+ * table they intern into stays consistent (ThreadSanitizer). */
+static void
+test_located_frames_read_while_they_come_and_go(void **state)
+{
+    (void)state;
+    World *w = world_new();
+    w->clock.lasti = fake_lasti;
+    w->clock.line_of = fake_line_of;
+    static const int codes[4] = {1, 2, 3, 4};
+    FakeFrame *outer = calloc(1, sizeof(FakeFrame));
+    assert_non_null(outer);
+    ShadowStack_push_located(w->stack, 1, outer, &codes[0]);
+    Reader readers[THREADS];
+    pthread_t threads[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        readers[i] = (Reader){w, 0};
+        assert_int_equal(pthread_create(&threads[i], NULL, read_located,
+                                        &readers[i]), 0);
+    }
+    atomic_store(&w->go, 1);
+    for (int round = 0; round < 2000; round++) {
+        atomic_store_explicit(&outer->lasti, round, memory_order_relaxed);
+        FakeFrame *inner = calloc(1, sizeof(FakeFrame));
+        assert_non_null(inner);
+        ShadowStack_push_located(w->stack, 2 + round % 3, inner,
+                                 &codes[1 + round % 3]);
+        for (int i = 0; i < 4; i++)
+            atomic_store_explicit(&inner->lasti, i * 2, memory_order_relaxed);
+        ShadowStack_pop(w->stack, &w->clock, 2 + round % 3);
+        free(inner);
+        if (round % 100 == 0)
+            sched_yield();
+    }
+    atomic_store(&w->stop, 1);
+    long reads = 0;
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(threads[i], NULL), 0);
+        reads += readers[i].reads;
+    }
+    assert_true(reads > 0);
+    assert_int_equal(atomic_load(&w->stack->readers), 0);
+    ShadowStack_pop(w->stack, &w->clock, 1);
+    free(outer);
+    assert_true(atomic_load(&w->sites.count) > 0);
+    world_free(w);
+}
+
 int
 main(void)
 {
@@ -331,6 +422,7 @@ main(void)
         cmocka_unit_test(test_events_against_scopes_and_a_moving_stack),
         cmocka_unit_test(test_high_water_marks_from_several_threads),
         cmocka_unit_test(test_a_fork_while_threads_deliver_events),
+        cmocka_unit_test(test_located_frames_read_while_they_come_and_go),
     };
     return cmocka_run_group_tests_name("concurrency", tests, NULL, NULL);
 }

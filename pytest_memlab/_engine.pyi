@@ -31,6 +31,8 @@ EVENT_FAILED: int
 PHASE_FORWARD: int
 PHASE_BACKWARD: int
 PHASE_STEP: int
+# decide's verdict: in scope, lines found at allocation (no line events)
+SCOPE_LOCATED: int
 
 class BridgeError(RuntimeError): ...
 

@@ -268,13 +268,40 @@ def loops():
         alloc(3)  # loop body
 
 
-def test_line_stats_count_hits_bytes_and_peaks(traced):
+def test_line_stats_count_bytes_and_peaks_found_at_allocation(traced):
+    """The plugin's scope (the path rule): user code has no line events
+    where frames can be located (3.11, 3.12+); each line is found when it
+    allocates, and only lines that allocated are listed."""
     traced(loops)
     stats = {(s.frame.function, s.frame.line): s for s in line_stats(CPU)}
     body = stats[("loops", line_of(loops, "loop body"))]
-    assert body.hits == 5
     assert body.allocated == 15
     assert body.peak_total == 15
+    loop_line = ("loops", line_of(loops, "for i in range"))
+    if E.tracer_status()["located"]:
+        assert body.hits == 0
+        assert loop_line not in stats
+    else:   # 3.10: every line traced
+        assert body.hits == 5
+        assert stats[loop_line].hits == 6
+
+
+def test_a_profiled_function_counts_every_lines_hits():
+    """Functions given explicitly (the laboratory's line profiler) are
+    traced line by line: each line's hits, allocations and peak."""
+    if tracing.conflict():
+        pytest.skip(tracing.conflict())
+    sid = E.begin(CPU)
+    assert tracing.acquire(codes=[loops.__code__])
+    E.tracer_reset_lines()
+    try:
+        loops()
+    finally:
+        tracing.release(codes=[loops.__code__])
+        E.end(CPU, sid)
+    stats = {(s.frame.function, s.frame.line): s for s in line_stats(CPU)}
+    body = stats[("loops", line_of(loops, "loop body"))]
+    assert (body.hits, body.allocated, body.peak_total) == (5, 15, 15)
     assert stats[("loops", line_of(loops, "for i in range"))].hits == 6
 
 

@@ -36,6 +36,11 @@ PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP = engine.PHASE_FORWARD, engine.PHASE_B
 # Their names, in the kinds' order: the keys of each phase's peak and of a
 # marker's phase budgets (forward=, backward=, step=).
 PHASE_NAMES = ("forward", "backward", "step")
+# The path rule's verdict for user code: in scope, with no line events; each
+# frame's line is found when something is allocated under it (Python 3.12+,
+# csrc/shadow_stack.h; before, such code is traced line by line).  The
+# laboratory's profilers get True: every line, with its hits.
+LOCATED = engine.SCOPE_LOCATED
 
 
 def _phase_codes() -> dict:
@@ -139,7 +144,7 @@ class Scope:
         filename = code.co_filename
         verdict = self._by_file.get(filename)
         if verdict is None:
-            verdict = self._by_file[filename] = self.file_in_scope(filename)
+            verdict = self._by_file[filename] = LOCATED if self.file_in_scope(filename) else False
         return verdict
 
 
@@ -152,6 +157,10 @@ class Tracing:
         self.scope = Scope()
         self.users = 0
         self.off_reason = ""
+        # Functions were given or taken back since the tracer last decided:
+        # code decided before (located for the path rule, traced line by
+        # line for a profiler) is asked again at the next start.
+        self._codes_changed = False
 
     def conflict(self) -> str:
         """Why the tracer cannot run now ("" if it can)."""
@@ -179,13 +188,15 @@ class Tracing:
         for code in codes:
             count = self.scope.codes.get(code, 0)
             self.scope.codes[code] = count + 1
-            changed |= count == 0
+            if count == 0:
+                changed = self._codes_changed = True
         return changed
 
     def extend(self, codes) -> None:
         """A holder adds functions while the tracer runs (released with it)."""
         if self._remember(False, codes) and self.users > 0:
             engine.tracer_redecide()
+            self._codes_changed = False
 
     def acquire(self, *, paths: bool = False, codes=()) -> bool:
         """Starts or joins the tracer; False (with off_reason) if it cannot run."""
@@ -199,8 +210,11 @@ class Tracing:
             if not self.scope.phases and "torch" in sys.modules:
                 self.scope.phases = _phase_codes()
             engine.tracer_start(self.scope)
+            if self._codes_changed:
+                engine.tracer_redecide()
         elif changed:
             engine.tracer_redecide()
+        self._codes_changed = False
         self.users += 1
         return True
 
@@ -211,6 +225,7 @@ class Tracing:
             count = self.scope.codes.get(code, 0) - 1
             if count <= 0:
                 self.scope.codes.pop(code, None)
+                self._codes_changed = True
             else:
                 self.scope.codes[code] = count
 
@@ -229,6 +244,7 @@ class Tracing:
             engine.tracer_stop(park=park)
         elif paths or codes:
             engine.tracer_redecide()
+            self._codes_changed = False
 
     @staticmethod
     def reset_lines() -> None:
