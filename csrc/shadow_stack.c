@@ -217,6 +217,25 @@ ShadowStack_pop(ShadowStack *self, const LineClock *clock, uint32_t code)
 }
 
 int
+ShadowStack_is_top(ShadowStack *self, const void *where)
+{
+    int d = atomic_load_explicit(&self->depth, memory_order_relaxed);
+    return d > 0 && self->frames[d - 1].where == where;
+}
+
+void
+ShadowStack_pop_located(ShadowStack *self, const LineClock *clock,
+                        const void *where)
+{
+    int d = atomic_load_explicit(&self->depth, memory_order_relaxed);
+    if (d > 0 && self->frames[d - 1].where == where)
+        ShadowStack_unwind_to(self, clock, d - 1);
+    else if (self->overflow > 0 && d == SHADOW_STACK_DEPTH)
+        self->overflow--;       /* a frame past the depth, never stored */
+    ShadowStack_quiesce(self);
+}
+
+int
 ShadowStack_line(ShadowStack *self, const LineClock *clock, uint32_t code,
                  int lineno)
 {

@@ -80,6 +80,13 @@ void ShadowStack_push(ShadowStack *self, const LineClock *clock, uint32_t code,
  * allocation). */
 void ShadowStack_push_located(ShadowStack *self, uint32_t code,
                               const void *where, const void *code_obj);
+/* Whether where is the innermost frame. */
+int ShadowStack_is_top(ShadowStack *self, const void *where);
+/* Ends the located frame where if it is the innermost (a frame that two
+ * event sources may end, 3.11's frame hook and its trace function: the
+ * second finds it gone). */
+void ShadowStack_pop_located(ShadowStack *self, const LineClock *clock,
+                             const void *where);
 /* Ends the innermost frame of code (and frames above it whose return was
  * missed). */
 void ShadowStack_pop(ShadowStack *self, const LineClock *clock, uint32_t code);

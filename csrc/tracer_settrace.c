@@ -139,10 +139,16 @@ trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     else if (ci != NULL && ci->in_scope) {
         ShadowStack *t = Tracer_thread();
         if (t != NULL) {
-            if (what == PyTrace_CALL && ci->located) {
-                /* Its line is found at allocation: no line events. */
-                ShadowStack_push_located(t, ci->code_id, frame_where(frame),
-                                         code);
+            if (ci->located) {
+                /* Its line is found at allocation: no line events.  The
+                 * frame hook pushes and pops it where it is in; here only
+                 * a frame it did not push (no hook, or a profiler beside
+                 * memlab's trace function). */
+                const void *where = frame_where(frame);
+                if (what == PyTrace_CALL && !ShadowStack_is_top(t, where))
+                    ShadowStack_push_located(t, ci->code_id, where, code);
+                else if (what == PyTrace_RETURN)
+                    ShadowStack_pop_located(t, &T.clock, where);
                 lines_off = 1;
             }
             else if (what == PyTrace_CALL)
@@ -231,11 +237,21 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
         ci = Tracer_code_info(code);
     }
     in_callback = 0;
-    uint8_t want = ci != NULL && (ci->in_scope || ci->phase) ? 255 : 0;
+    /* A located frame is pushed and popped here, around its evaluation
+     * (a generator's each time it resumes), and runs untraced like
+     * library code: its line is found at allocation. */
+    ShadowStack *located = NULL;
+    if (ci != NULL && ci->located && (located = Tracer_thread()) != NULL)
+        ShadowStack_push_located(located, ci->code_id, f, code);
+    uint8_t want = ci != NULL && ((ci->in_scope && !ci->located) || ci->phase) ? 255 : 0;
     _PyCFrame *caller = ts->cframe;
     uint8_t was = caller->use_tracing;
-    if (want == was)
-        return next(ts, f, throwflag);
+    if (want == was) {
+        PyObject *result = next(ts, f, throwflag);
+        if (located != NULL)
+            ShadowStack_pop_located(located, &T.clock, f);
+        return result;
+    }
     /* The frame's evaluation copies its caller's mode on entry and writes
      * its own back on exit: set it around the call, then give the caller
      * its own back (off if the trace function went away meanwhile). */
@@ -243,6 +259,8 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
     PyObject *result = next(ts, f, throwflag);
     if (ts->cframe == caller)
         caller->use_tracing = ts->c_tracefunc != NULL || ts->c_profilefunc != NULL ? was : 0;
+    if (located != NULL)
+        ShadowStack_pop_located(located, &T.clock, f);
     return result;
 }
 
@@ -297,6 +315,17 @@ Backend_on(void)
     (void)layout_check();   /* before any frame is located */
     PyEval_SetTrace(trace_fn, NULL);
     eval_hook_install();
+#if PY_VERSION_HEX >= 0x030B0000
+    /* PyEval_SetTrace turned the tracing mode on for the frames running
+     * now (pytest's, a whole chain of them inlined in one evaluation loop),
+     * and each evaluation hands its mode back to its caller's: they would
+     * run unspecialised, each call and return reported, until the window
+     * closes.  With the hook in, only frames it starts need the mode (a
+     * profiled function, a phase function): the running ones go on
+     * without it, as frames running before tracing began always did. */
+    if (Backend_hooked())
+        PyThreadState_Get()->cframe->use_tracing = 0;
+#endif
     return 0;
 }
 
