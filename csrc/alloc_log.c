@@ -14,7 +14,8 @@ AllocLog_start(AllocLog *self, uint32_t max)
 }
 
 void
-AllocLog_add(AllocLog *self, uint64_t addr, int64_t size, uint32_t site)
+AllocLog_add(AllocLog *self, uint64_t addr, int64_t size, uint32_t site,
+             uint64_t seq, int counts)
 {
     if (self->n >= self->max) {
         self->dropped++;
@@ -36,7 +37,7 @@ AllocLog_add(AllocLog *self, uint64_t addr, int64_t size, uint32_t site)
     clock_gettime(CLOCK_REALTIME, &ts);
     self->entries[self->n++] = (AllocEntry){
         addr, size, (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u,
-        site, 0};
+        seq, site, counts != 0};
 }
 
 AllocEntry *

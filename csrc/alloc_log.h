@@ -1,7 +1,8 @@
 /* A test's allocations and frees on one device, in order, for the
- * memory_viz snapshot (--memlab-snapshot): each with its address, size,
- * time and the site (user call chain) that allocated it.  Kept only when a
- * snapshot is asked for; bounded (past max entries they are counted, not
+ * memory_viz snapshot (--memlab-snapshot) and for the memory by kind of a
+ * test with phases (from its first phase on): each with its address, size,
+ * time, the device's event number and the site (user call chain) that
+ * allocated it.  Kept only when one of those asks; bounded (past max entries they are counted, not
  * kept).  Appended under the device's lock; the array grows by doubling
  * through malloc (never through torch).
  */
@@ -14,8 +15,9 @@ typedef struct AllocEntry {
     uint64_t addr;
     int64_t size;           /* > 0 allocated, < 0 freed */
     uint64_t time_us;       /* CLOCK_REALTIME, as torch's traces have it */
+    uint64_t seq;           /* the device's event number */
     uint32_t site;
-    uint32_t pad;
+    uint32_t counts;        /* 1 if the block counts for the log's scope */
 } AllocEntry;
 
 typedef struct AllocLog {
@@ -28,7 +30,8 @@ typedef struct AllocLog {
 
 /* Empties the log and sets its bound. */
 void AllocLog_start(AllocLog *self, uint32_t max);
-void AllocLog_add(AllocLog *self, uint64_t addr, int64_t size, uint32_t site);
+void AllocLog_add(AllocLog *self, uint64_t addr, int64_t size, uint32_t site,
+                  uint64_t seq, int counts);
 /* Hands the entries to the caller (free()), leaving the log empty. */
 AllocEntry *AllocLog_take(AllocLog *self, uint32_t *n, uint64_t *dropped);
 void AllocLog_fini(AllocLog *self);

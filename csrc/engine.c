@@ -179,6 +179,14 @@ Device_follows(const Device *d, const Block *b)
            && b->floor <= d->kept.scope;
 }
 
+/* Whether block b counts for scope id (0: none): allocated while it was
+ * open, not cut off by a detached scope (scope.h). */
+static inline int
+Block_counts_for(const Block *b, uint32_t id)
+{
+    return id != 0 && b->floor <= id && id <= b->scope;
+}
+
 /* A block we still hold came back from the allocator: its free happened on a
  * thread we do not hear from.  Retire it so the figures stay consistent. */
 static void
@@ -271,7 +279,8 @@ Device_alloc(Engine *e, int slot, Device *d, uintptr_t addr, int64_t size,
                                 d->stack.scopes[d->timeline_depth].live,
                                 d->seq);
     if (d->alloc_log_scope != 0)
-        AllocLog_add(&d->alloc_log, addr, size, b->site);
+        AllocLog_add(&d->alloc_log, addr, size, b->site, d->seq,
+                     Block_counts_for(b, d->alloc_log_scope));
 }
 
 static void
@@ -288,7 +297,8 @@ Device_release(Device *d, uintptr_t addr, int source)
     if (Device_follows(d, &old))
         Kept_on_free(&d->kept, old.kept);
     if (d->alloc_log_scope != 0)
-        AllocLog_add(&d->alloc_log, addr, -old.size, old.site);
+        AllocLog_add(&d->alloc_log, addr, -old.size, old.site, d->seq,
+                     Block_counts_for(&old, d->alloc_log_scope));
 }
 
 static void

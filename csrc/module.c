@@ -164,6 +164,14 @@ tracer_phases(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 }
 
 static PyObject *
+tracer_phase_hook(PyObject *Py_UNUSED(module), PyObject *hook)
+{
+    if (hook != Py_None && callable_arg(hook, "tracer_phase_hook", "hook") < 0)
+        return NULL;
+    return Tracer_set_phase_hook(hook);
+}
+
+static PyObject *
 tracer_reset_lines(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
     return Tracer_reset_lines();
@@ -291,6 +299,11 @@ static PyMethodDef engine_methods[] = {
      "(PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP; negated where one ended, "
      "without a label) since the lines were last "
      "reset, each on the timeline of every device whose timeline ran."},
+    {"tracer_phase_hook", tracer_phase_hook, METH_O,
+     "tracer_phase_hook(hook): hook(kind, subject, inputs) as each phase of the "
+     "measuring thread starts (kind) and ends (-kind); subject: its module or "
+     "optimizer, or None; inputs: a forward's positional arguments, or None.  "
+     "None: no hook."},
     {"tracer_reset_lines", tracer_reset_lines, METH_NOARGS,
      "tracer_reset_lines(): zero the statistics of the lines touched since "
      "the last reset."},

@@ -283,10 +283,12 @@ engine_alloc_log_take(PyObject *Py_UNUSED(module), PyObject *arg)
     if (list == NULL)
         goto error;
     for (uint32_t i = 0; i < n; i++) {
-        PyObject *t = Py_BuildValue("(KLKI)", (unsigned long long)log[i].addr,
+        PyObject *t = Py_BuildValue("(KLKIKO)", (unsigned long long)log[i].addr,
                                     (long long)log[i].size,
                                     (unsigned long long)log[i].time_us,
-                                    log[i].site);
+                                    log[i].site,
+                                    (unsigned long long)log[i].seq,
+                                    log[i].counts ? Py_True : Py_False);
         if (t == NULL)
             goto error;
         PyList_SET_ITEM(list, i, t);

@@ -9,15 +9,13 @@
 #include <frameobject.h>
 #endif
 
-/* The type name of a local of frame (or of the first item of it, a tuple:
- * the optimizer's step wrapper takes *args), into buf; "" if none. */
-static void
-local_type_name(PyFrameObject *frame, const char *name, int first_item,
-                char *buf, size_t size)
+/* A local of frame (or the first item of it, a tuple: the optimizer's
+ * step wrapper takes *args): a new reference, or NULL (no error set). */
+static PyObject *
+local_object(PyFrameObject *frame, const char *name, int first_item)
 {
-    buf[0] = '\0';
     if (frame == NULL)
-        return;
+        return NULL;
 #if PY_VERSION_HEX >= 0x030C0000
     PyObject *v = PyFrame_GetVarString(frame, name);
 #elif PY_VERSION_HEX >= 0x030B0000
@@ -35,31 +33,59 @@ local_type_name(PyFrameObject *frame, const char *name, int first_item,
 #endif
     if (v == NULL) {
         PyErr_Clear();
-        return;
+        return NULL;
     }
-    PyObject *obj = v;
-    if (first_item) {
-        obj = PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0 ? PyTuple_GET_ITEM(v, 0) : NULL;
+    if (!first_item)
+        return v;
+    PyObject *obj = PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0 ? PyTuple_GET_ITEM(v, 0) : NULL;
+    Py_XINCREF(obj);
+    Py_DECREF(v);
+    return obj;
+}
+
+PyObject *
+PhaseLabel_subject(int kind, PyFrameObject *frame)
+{
+    switch (kind) {
+    case PHASE_FORWARD:
+        return local_object(frame, "self", 0);
+    case PHASE_STEP:
+        return local_object(frame, "args", 1);
+    default:
+        return NULL;
     }
+}
+
+PyObject *
+PhaseLabel_inputs(int kind, PyFrameObject *frame)
+{
+    return kind == PHASE_FORWARD ? local_object(frame, "args", 0) : NULL;
+}
+
+/* The type name of obj (NULL: none) into buf; "" if none. */
+static void
+type_name(PyObject *obj, char *buf, size_t size)
+{
+    buf[0] = '\0';
     if (obj != NULL) {
         const char *tp = Py_TYPE(obj)->tp_name;
         const char *dot = strrchr(tp, '.');
         snprintf(buf, size, "%s", dot != NULL ? dot + 1 : tp);
     }
-    Py_DECREF(v);
 }
 
 void
-PhaseLabel_format(char *buf, size_t size, int kind, PyFrameObject *frame)
+PhaseLabel_format(char *buf, size_t size, int kind, PyFrameObject *frame,
+                  PyObject *subject)
 {
     char name[PHASE_LABEL];
     switch (kind) {
     case PHASE_FORWARD:
-        local_type_name(frame, "self", 0, name, sizeof name);
+        type_name(subject, name, sizeof name);
         snprintf(buf, size, "forward%s%s", name[0] ? " " : "", name);
         break;
     case PHASE_STEP:
-        local_type_name(frame, "args", 1, name, sizeof name);
+        type_name(subject, name, sizeof name);
         snprintf(buf, size, "%s%sstep", name, name[0] ? "." : "");
         break;
     default: {

@@ -12,9 +12,19 @@
 
 #include <stddef.h>
 
-/* The label of a phase of kind (phases.h) whose function's frame is frame
- * (NULL: the kind's bare name), into buf.  Never raises: what cannot be
- * read is left out of the label. */
-void PhaseLabel_format(char *buf, size_t size, int kind, PyFrameObject *frame);
+/* What a phase of kind (phases.h) works on, read from its function's
+ * frame: the module of a forward (its self), the optimizer of a step (its
+ * first argument); NULL for a backward or where it cannot be read.  A new
+ * reference; never raises. */
+PyObject *PhaseLabel_subject(int kind, PyFrameObject *frame);
+/* The positional arguments of a forward (its args tuple), NULL for the
+ * other kinds or where they cannot be read.  A new reference; never
+ * raises. */
+PyObject *PhaseLabel_inputs(int kind, PyFrameObject *frame);
+/* The label of a phase of kind whose function's frame is frame and whose
+ * subject is subject (PhaseLabel_subject; NULL: the kind's bare name),
+ * into buf.  Never raises: what cannot be read is left out of the label. */
+void PhaseLabel_format(char *buf, size_t size, int kind, PyFrameObject *frame,
+                       PyObject *subject);
 
 #endif

@@ -151,6 +151,37 @@ publish_phases(ShadowStack *t)
     Engine_set_phases(T.engine, mask);
 }
 
+/* The phase hook (memory by kind: a walk of the module's or optimizer's
+ * tensors at the boundary) with kind, negated at the phase's end, its
+ * subject and a forward's positional arguments.  Called where the scope decision is: in a callback, whose own
+ * frames are not traced; what the hook raises waits for the next API call,
+ * and an exception being propagated through the phase's frame is kept. */
+static void
+call_phase_hook(int kind, PyObject *subject, PyObject *inputs)
+{
+    PyObject *hook = T.phase_hook;
+    if (hook == NULL)
+        return;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *pending = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    Py_INCREF(hook);
+    PyObject *r = PyObject_CallFunction(hook, "iOO", kind, subject != NULL ? subject : Py_None,
+                                        inputs != NULL ? inputs : Py_None);
+    Py_DECREF(hook);
+    if (r == NULL)
+        Tracer_store_error();
+    Py_XDECREF(r);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(pending);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
+}
+
 void
 Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
 {
@@ -158,14 +189,25 @@ Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
      * forward calls its children's, a step may call another's. */
     if (t == NULL || t->phase_depth[ci->phase]++ > 0)
         return;
+    PyObject *subject = PhaseLabel_subject(ci->phase, frame);
     char label[PHASE_LABEL];
-    PhaseLabel_format(label, sizeof label, ci->phase, frame);
+    PhaseLabel_format(label, sizeof label, ci->phase, frame, subject);
     for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
         uint64_t seq;
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
             PhaseLog_add(&T.phases, ci->phase, slot, seq, label);
     }
     publish_phases(t);
+    if (T.phase_hook != NULL && t == atomic_load_explicit(&T.anchor, memory_order_acquire)) {
+        PyObject *inputs = PhaseLabel_inputs(ci->phase, frame);
+        call_phase_hook(ci->phase, subject, inputs);
+        Py_XDECREF(inputs);
+        /* Until the phase ends, for the walk there (the frame holds it
+         * meanwhile; Tracer_set_phase_hook lets go of what is left). */
+        Py_XSETREF(T.phase_subject[ci->phase], subject);
+        subject = NULL;
+    }
+    Py_XDECREF(subject);
 }
 
 void
@@ -182,6 +224,21 @@ Tracer_phase_leave(ShadowStack *t, const CodeInfo *ci)
             PhaseLog_add(&T.phases, -ci->phase, slot, seq, "");
     }
     publish_phases(t);
+    if (T.phase_hook != NULL && t == atomic_load_explicit(&T.anchor, memory_order_acquire)) {
+        PyObject *subject = T.phase_subject[ci->phase];
+        T.phase_subject[ci->phase] = NULL;
+        call_phase_hook(-ci->phase, subject, NULL);
+        Py_XDECREF(subject);
+    }
+}
+
+PyObject *
+Tracer_set_phase_hook(PyObject *hook)
+{
+    Py_XSETREF(T.phase_hook, hook == Py_None ? NULL : Py_NewRef(hook));
+    for (int k = 0; k < PHASE_KINDS; k++)
+        Py_CLEAR(T.phase_subject[k]);
+    Py_RETURN_NONE;
 }
 
 PyObject *

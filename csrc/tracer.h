@@ -39,6 +39,11 @@ PyObject *Tracer_line_stats(int slot);
 PyObject *Tracer_reset_lines(void);
 /* The phases since the last reset: ([(kind, slot, seq, label)], dropped). */
 PyObject *Tracer_phases(void);
+/* hook(kind, subject, inputs) as each phase of the measuring thread starts
+ * (kind, phases.h) and ends (-kind), subject its module or optimizer or
+ * None, inputs a forward's positional arguments (a tuple) or None;
+ * None: no hook.  Lets go of the subjects it held. */
+PyObject *Tracer_set_phase_hook(PyObject *hook);
 PyObject *Tracer_site(uint32_t site);
 PyObject *Tracer_line(uint32_t line);
 PyObject *Tracer_status(void);

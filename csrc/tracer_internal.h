@@ -41,6 +41,8 @@ typedef struct TracerState {
     SiteTable sites;
     LineClock clock;            /* engine, lines and sites, for the stacks */
     PhaseLog phases;            /* since the last reset of the lines */
+    PyObject *phase_hook;       /* called as each phase starts and ends, or NULL */
+    PyObject *phase_subject[PHASE_KINDS];   /* each running phase's module or optimizer */
     PyObject *codes;            /* list: code_id - 1 -> code object */
     PyObject *decide;
     PyObject *error;            /* stored by a callback, raised by the API */

@@ -38,6 +38,11 @@ test_logs_allocations_and_frees_of_a_scope(void **state)
     assert_int_equal(log[2].addr, 0x1000);
     assert_int_equal(log[2].size, -100);
     assert_true(log[2].time_us >= log[0].time_us);
+    /* Each entry's event number, as a phase's start or the peak has it
+     * (the unknown free between them was an event too). */
+    assert_int_equal(log[1].seq, log[0].seq + 1);
+    assert_int_equal(log[2].seq, log[0].seq + 3);
+    assert_int_equal(log[0].counts, 1);
     free(log);
     assert_null(Engine_alloc_log_take(e, 0, &n, &dropped));
     assert_int_equal(n, 0);
@@ -53,11 +58,12 @@ test_past_the_bound_entries_are_counted(void **state)
     uint64_t dropped;
     AllocLog_start(&log, 300);
     for (uint64_t i = 0; i < 1000; i++)
-        AllocLog_add(&log, 0x1000 + i, 8, 1);
+        AllocLog_add(&log, 0x1000 + i, 8, 1, 7 + i, 1);
     AllocEntry *entries = AllocLog_take(&log, &n, &dropped);
     assert_int_equal(n, 300);
     assert_int_equal(dropped, 700);
     assert_int_equal(entries[299].addr, 0x1000 + 299);
+    assert_int_equal(entries[299].seq, 7 + 299);
     free(entries);
     AllocLog_fini(&log);
 }

@@ -69,6 +69,10 @@ class DeviceFigures:
     # name -> (bytes, site of the allocation that reached it, 0: live at the
     # phase's start)
     phase_peaks: dict = field(default_factory=dict)
+    # The bytes live at the own peak by kind (measuring/memory_kinds.py), for
+    # a test with phases; else None, and kinds_note says why where it matters
+    kinds: dict | None = None
+    kinds_note: str = ""
 
 
 @dataclass(slots=True)

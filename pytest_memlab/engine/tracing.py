@@ -252,6 +252,13 @@ class Tracing:
         engine.tracer_reset_lines()
 
     @staticmethod
+    def phase_hook(hook) -> None:
+        """hook(kind, subject) at each phase's start (kind) and end (-kind)
+        on the measuring thread, subject its module or optimizer (or
+        None); None: no hook."""
+        engine.tracer_phase_hook(hook)
+
+    @staticmethod
     def phases() -> list:
         """(kind, slot, event number, label) of each phase start (kind > 0)
         and end (-kind) heard since the lines were reset."""

@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 
 from ..children.gathering import ChildWatch, StartupHookMissing
 from ..devices import default_device, machine_gpu, other_gpus
+from .. import _engine as engine
 from ..engine.backend import BRIDGE, MemlabCoreError
+from ..engine.tracing import tracing
 from ..engine.meters import EngineMeter, leave_out_kept, make_meter
 from ..judging.messages import leak_report
 from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
 from .measurement import Measurement
+from .memory_kinds import KindWalk, kinds_at_peak, phase_spans
 from .out_of_memory import cpu_failure_count, cpu_moment, explain
 
 
@@ -65,6 +68,7 @@ class TestRun:
     out_of_memory: list = field(default_factory=list)  # out_of_memory.Moment of each failed request heard
     cpu_failed: int = 0                                # the CPU's failed requests before the test (engine.failed)
     explained: list = field(default_factory=list)      # out_of_memory.Explanation of each, for the reports
+    kind_walk: KindWalk | None = None                  # the phase hook while it runs (memory by kind)
 
     # -- opening -------------------------------------------------------------------
     def begin(self, core, options, session) -> str | None:
@@ -89,6 +93,12 @@ class TestRun:
             self.judged = session.baseline is not None or any(spec.marked for spec in self.specs)
             measurement.begin()
             self.cpu_failed = cpu_failure_count(measurement)
+            if measurement.trace:
+                followed = {d: m for d, m in measurement.meters.items()
+                            if m.__class__ is EngineMeter and m.timeline}
+                if followed:
+                    self.kind_walk = KindWalk(followed)
+                    tracing.phase_hook(self.kind_walk)
             children = session.children
             if children is not None and measurement.meters:
                 try:
@@ -255,6 +265,28 @@ class TestRun:
                 out[device] = kept
         return out
 
+    def _kinds(self, walk: KindWalk, kept: dict) -> None:
+        """Each followed device's bytes by kind at its own peak of record
+        (memory_kinds.py), from the allocation log its first phase began."""
+        phases = tracing.phases()
+        for device, meter in self.measurement.meters.items():
+            if meter.slot not in walk.started:
+                continue
+            figures = self.figures.get(device)
+            if meter.log:   # --memlab-snapshot's log: the same entries, from the start
+                entries, dropped = figures.alloc_log if figures and figures.alloc_log else ([], 0)
+            else:
+                entries, dropped = engine.alloc_log_take(meter.slot) or ([], 0)
+            if figures is None or not figures.measured or device not in kept:
+                continue
+            if walk.error:
+                figures.kinds_note = f"the walk at a phase's boundary failed: {walk.error}"
+                continue
+            k = kept[device]
+            figures.kinds, figures.kinds_note = kinds_at_peak(
+                entries, dropped, phase_spans(phases, meter.slot), walk.marks, meter.slot,
+                k.seq, k.blocks, figures.peak)
+
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
         """After teardown: the leak check for the allowed devices (device ->
@@ -262,6 +294,9 @@ class TestRun:
         session's batch as suspects), then the final figures.  memlab's
         trouble is kept in error, never raised into the test."""
         measurement = self.measurement
+        walk = self.kind_walk
+        if walk is not None:
+            tracing.phase_hook(None)
         if self.armed is not None:
             try:
                 self.children = self._children_used(self.watch.disarm(self.armed))
@@ -297,6 +332,13 @@ class TestRun:
                 leave_out_kept(figures, kept[device])
             elif figures.measured and figures.peak is not None and figures.live == 0:
                 figures.peak_with_kept, figures.kept = figures.peak, 0
+        if walk is not None and walk.started:
+            try:
+                self._kinds(walk, kept)
+            except Exception as exc:  # memlab's trouble, never the test's
+                for figures in self.figures.values():
+                    figures.kinds, figures.kinds_note = None, f"{type(exc).__name__}: {exc}"
+        self.kind_walk = None
         self.item = None
         if self.others:
             self._drop_unused_gpus()

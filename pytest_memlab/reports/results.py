@@ -33,7 +33,7 @@ _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
              "peak_with_kept", "kept", "first_use")
-_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max")
+_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds")
 _STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
@@ -59,6 +59,7 @@ class DeviceResult:
     site_changes: list = field(default_factory=list)   # against the baseline, where it regressed
     phases: dict = field(default_factory=dict)   # each phase's own peak: {"forward": bytes, ...}
     phase_max: dict = field(default_factory=dict)   # the marker's phase budgets, as phases
+    kinds: dict | None = None        # bytes live at the peak by kind (a test with phases), else None
     max: int | None = None
     max_total: int | None = None
     max_reserved: int | None = None
@@ -93,6 +94,7 @@ class DeviceResult:
             result.peak_with_kept = figures.peak_with_kept
             result.kept = figures.kept
             result.phases = {name: peak for name, (peak, _) in figures.phase_peaks.items()}
+            result.kinds = figures.kinds
             if sites and figures.attribution is not None and figures.peak:
                 from ..judging.site_changes import sites_at_peak
 

@@ -57,7 +57,7 @@ def _frames(site: int, cache: dict) -> list[dict]:
 def build(nodeid: str, device: str, entries: list, dropped: int) -> dict:
     index = 0 if device == CPU else cuda_index(device)
     trace, live, cache = [], {}, {}
-    for addr, size, time_us, site in entries:
+    for addr, size, time_us, site, _seq, _counts in entries:
         frames = _frames(site, cache)
         if size > 0:
             trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": time_us,

@@ -1,0 +1,231 @@
+"""Memory by kind: what the bytes live at a test's peak were.
+
+A block's kind comes from what the engine already hears, and from a walk at
+the phase boundaries the tracer hears (never work in the allocator's path):
+
+- **parameter, buffer, gradient, optimizer state**: its storage was one of
+  the module's parameters or buffers, a parameter's ``.grad`` or a tensor of
+  the optimizer's state, seen by the walk while the block lived (the walk
+  notes the device's event number, so an address taken again later is not
+  confused with the block that had it);
+- **activation**: made in a forward and still live when that forward ended
+  (kept for the backward);
+- **temporary**: made and freed within one phase;
+- **input**: a forward's positional argument (a tensor, or one in a
+  list, tuple or dict of them), seen as the forward started;
+- **other**: the rest (a loss made between phases, a backward's or step's
+  output that is no gradient or state).
+
+The engine logs each device's allocations and frees from the test's first
+phase on (a test without phases pays nothing); at the end the blocks live at
+the own peak of record (its moment, less what the test kept) are summed by
+kind, so the kinds add up to the own peak, exactly.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from .. import _engine as engine
+from ..engine.slots import slot_of
+
+KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
+# How they read in a sentence ("at the peak, by kind: activations 640.3 MiB ...")
+KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "gradient": "gradients",
+              "optimizer_state": "optimizer state", "input": "inputs", "activation": "activations",
+              "temporary": "temporaries", "other": "other"}
+# A walk's finding wins over another's for the same block in this order
+# (a parameter is also in the optimizer's groups).
+_RANK = {"parameter": 0, "buffer": 1, "gradient": 2, "optimizer_state": 3, "input": 4}
+# Entries of a device's allocation log kept for a test's kinds (40 bytes
+# each); past it they are counted and the kinds are not given.
+KIND_LOG_MAX = 1 << 21
+
+FORWARD, BACKWARD, STEP = 1, 2, 3   # csrc/phases.h
+
+
+class KindWalk:
+    """The tracer's phase hook during one measured test: at each boundary,
+    the storages of the module's and the optimizer's tensors, with each
+    device's event number.  Never raises into the test: trouble is kept in
+    ``error`` and the kinds are not given."""
+
+    def __init__(self, meters: dict):
+        # slot -> (meter, logging started here)
+        self.meters = {meter.slot: meter for meter in meters.values()}
+        self.started: set[int] = set()
+        self.modules: list = []          # weak references to the top-level modules seen
+        self._module_ids: set[int] = set()
+        self.optimizers: list = []
+        self._optimizer_ids: set[int] = set()
+        self.marks: dict = {}            # (slot, addr) -> [(seq, kind)]
+        self.error = ""
+
+    def __call__(self, kind: int, subject, inputs=None) -> None:
+        try:
+            self._on(kind, subject, inputs)
+        except Exception as exc:  # memlab's trouble, never the test's
+            self.error = self.error or f"{type(exc).__name__}: {exc}"
+
+    def _on(self, kind: int, subject, inputs) -> None:
+        if not self.started:
+            self._start_logs()
+        if kind == FORWARD:
+            if inputs:
+                self._note_inputs(inputs)
+            if subject is not None and id(subject) not in self._module_ids:
+                self._module_ids.add(id(subject))
+                self.modules.append(weakref.ref(subject))
+                self._note_module(subject, grads=True)
+        elif kind == -BACKWARD:
+            for ref in self.modules:
+                module = ref()
+                if module is not None:
+                    self._note_module(module, grads=True, params=False)
+            for ref in self.optimizers:
+                optimizer = ref()
+                if optimizer is not None:
+                    self._note_optimizer(optimizer)
+        elif kind in (STEP, -STEP) and subject is not None:
+            if id(subject) not in self._optimizer_ids and hasattr(subject, "param_groups"):
+                self._optimizer_ids.add(id(subject))
+                self.optimizers.append(weakref.ref(subject))
+            self._note_optimizer(subject)
+
+    def _start_logs(self) -> None:
+        for slot, meter in self.meters.items():
+            if not meter.log and meter.scope_id is not None:
+                engine.alloc_log_start(slot, meter.scope_id, KIND_LOG_MAX)
+            self.started.add(slot)
+
+    def _note(self, tensor, kind: str, seqs: dict) -> None:
+        if tensor is None or getattr(tensor, "is_meta", False):
+            return
+        try:
+            addr = tensor.untyped_storage().data_ptr()
+        except Exception:   # a tensor without storage (a subclass, a functional tensor)
+            return
+        if not addr:
+            return
+        slot = seqs.get(tensor.device)
+        if slot is None:
+            device = tensor.device
+            name = "cpu" if device.type == "cpu" else (f"cuda:{device.index}" if device.type == "cuda" else "")
+            try:
+                slot = slot_of(name) if name else -1
+            except (ValueError, IndexError):
+                slot = -1
+            seqs[device] = slot
+        if slot in self.meters:
+            self.marks.setdefault((slot, addr), []).append((engine.seq(slot), kind))
+
+    def _note_inputs(self, inputs) -> None:
+        seqs: dict = {}
+        for value in inputs:
+            if isinstance(value, (list, tuple)):
+                items = value
+            elif isinstance(value, dict):
+                items = value.values()
+            else:
+                items = (value,)
+            for item in items:
+                if hasattr(item, "untyped_storage"):
+                    self._note(item, "input", seqs)
+
+    def _note_module(self, module, grads: bool, params: bool = True) -> None:
+        seqs: dict = {}
+        note = self._note
+        for p in module.parameters():
+            if params:
+                note(p, "parameter", seqs)
+            if grads:
+                note(p.grad, "gradient", seqs)
+        if params:
+            for b in module.buffers():
+                note(b, "buffer", seqs)
+
+    def _note_optimizer(self, optimizer) -> None:
+        seqs: dict = {}
+        note = self._note
+        for group in getattr(optimizer, "param_groups", ()):
+            for p in group.get("params", ()):
+                note(p, "parameter", seqs)
+                note(p.grad, "gradient", seqs)
+        for state in getattr(optimizer, "state", {}).values():
+            if isinstance(state, dict):
+                for value in state.values():
+                    if hasattr(value, "untyped_storage"):
+                        note(value, "optimizer_state", seqs)
+
+
+def phase_spans(phases: list, slot: int) -> list[tuple[int, int, int]]:
+    """(kind, start seq, end seq) of each phase on slot's timeline, from the
+    tracer's phase log ((kind, slot, seq, label); a negative kind ends it);
+    one still running at the end ends never."""
+    spans, running = [], {}
+    for kind, s, seq, _label in phases:
+        if s != slot:
+            continue
+        if kind > 0:
+            running[kind] = seq
+        elif -kind in running:
+            spans.append((-kind, running.pop(-kind), seq))
+    spans.extend((kind, start, 1 << 63) for kind, start in running.items())
+    spans.sort(key=lambda span: span[1])
+    return spans
+
+
+def kinds_at_peak(entries: list, dropped: int, spans: list, marks: dict, slot: int, peak_seq: int,
+                  kept_blocks: list, own_peak: int) -> tuple[dict | None, str]:
+    """Bytes by kind of the blocks live at event peak_seq that count for
+    the test and that it did not keep (kept_blocks: (addr, size, seq,
+    site)), from the device's allocation log (engine.alloc_log_take's
+    entries).  Returns (kind -> bytes, "") or (None, why not)."""
+    if dropped:
+        return None, f"the allocation log dropped {dropped} events"
+    if not spans:
+        return None, "no phase ran"
+    if peak_seq < spans[0][1]:
+        return None, "the peak came before the first phase"
+    kept = {(addr, seq) for addr, _size, seq, _site in kept_blocks}
+    born: dict[int, tuple[int, int]] = {}   # addr -> (seq, size), open blocks
+    lives = []                               # (size, allocated seq or -1: before the log, freed seq)
+    never = 1 << 63
+    for addr, size, _time, _site, seq, counts in entries:
+        if size > 0:
+            if addr in born:   # its free was not heard: gone when the address came back
+                a, s = born.pop(addr)
+                lives.append((addr, s, a, seq))
+            if counts:
+                born[addr] = (seq, size)
+        elif counts:
+            a, _s = born.pop(addr, (-1, 0))
+            lives.append((addr, -size, a, seq))
+    for addr, (a, s) in born.items():
+        if (addr, a) not in kept:
+            lives.append((addr, s, a, never))
+    out = dict.fromkeys(KINDS, 0)
+    for addr, size, a, f in lives:
+        if not (a <= peak_seq < f):
+            continue
+        out[_kind(addr, a, f, spans, marks.get((slot, addr)))] += size
+    if sum(out.values()) != own_peak:
+        return None, f"the blocks live at the peak sum to {sum(out.values())} B, not the own peak {own_peak} B"
+    return out, ""
+
+
+def _kind(addr: int, a: int, f: int, spans: list, marks: list | None) -> str:
+    if marks:
+        found = [kind for seq, kind in marks if a <= seq < f]
+        if found:
+            return min(found, key=_RANK.__getitem__)
+    made_in = None
+    for span in spans:   # the innermost phase running when it was made
+        if span[1] < a <= span[2]:
+            made_in = span
+    if made_in is not None:
+        kind, _start, end = made_in
+        if f <= end:
+            return "temporary"
+        return "activation" if kind == FORWARD else "other"
+    return "other"
