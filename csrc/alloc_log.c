@@ -52,6 +52,21 @@ AllocLog_take(AllocLog *self, uint32_t *n, uint64_t *dropped)
     return entries;
 }
 
+AllocEntry *
+AllocLog_copy(const AllocLog *self, uint32_t *n, uint64_t *dropped)
+{
+    *n = 0;
+    *dropped = self->dropped;
+    if (self->n == 0)
+        return NULL;
+    AllocEntry *copy = malloc((size_t)self->n * sizeof(AllocEntry));
+    if (copy == NULL)
+        return NULL;
+    memcpy(copy, self->entries, (size_t)self->n * sizeof(AllocEntry));
+    *n = self->n;
+    return copy;
+}
+
 void
 AllocLog_fini(AllocLog *self)
 {

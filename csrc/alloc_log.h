@@ -34,6 +34,9 @@ void AllocLog_add(AllocLog *self, uint64_t addr, int64_t size, uint32_t site,
                   uint64_t seq, int counts);
 /* Hands the entries to the caller (free()), leaving the log empty. */
 AllocEntry *AllocLog_take(AllocLog *self, uint32_t *n, uint64_t *dropped);
+/* A copy of the entries so far (the caller frees it; NULL when empty or
+ * out of memory, *n then 0), the log left as it is. */
+AllocEntry *AllocLog_copy(const AllocLog *self, uint32_t *n, uint64_t *dropped);
 void AllocLog_fini(AllocLog *self);
 
 #endif

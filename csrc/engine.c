@@ -515,7 +515,8 @@ Engine_alloc_log_start(Engine *self, int slot, uint32_t id, uint32_t max)
 }
 
 AllocEntry *
-Engine_alloc_log_take(Engine *self, int slot, uint32_t *n, uint64_t *dropped)
+Engine_alloc_log_take(Engine *self, int slot, int keep, uint32_t *n,
+                      uint64_t *dropped)
 {
     Device *d = Engine_device(self, slot, 0);
     *n = 0;
@@ -523,7 +524,8 @@ Engine_alloc_log_take(Engine *self, int slot, uint32_t *n, uint64_t *dropped)
     if (d == NULL)
         return NULL;
     Spinlock_acquire(&d->lock);
-    AllocEntry *entries = AllocLog_take(&d->alloc_log, n, dropped);
+    AllocEntry *entries = keep ? AllocLog_copy(&d->alloc_log, n, dropped)
+                               : AllocLog_take(&d->alloc_log, n, dropped);
     Spinlock_release(&d->lock);
     return entries;
 }

@@ -162,8 +162,9 @@ uint32_t Engine_timeline(Engine *self, int slot, TimelinePoint *dst,
 /* Logs the allocations and frees of the device while open scope id lasts,
  * up to max entries; -1 if id is not open. */
 int Engine_alloc_log_start(Engine *self, int slot, uint32_t id, uint32_t max);
-/* The latest log (the caller frees it); NULL when empty. */
-AllocEntry *Engine_alloc_log_take(Engine *self, int slot, uint32_t *n,
+/* The latest log (the caller frees it); NULL when empty.  With keep, a
+ * copy, the log going on (a verdict while the test runs). */
+AllocEntry *Engine_alloc_log_take(Engine *self, int slot, int keep, uint32_t *n,
                                   uint64_t *dropped);
 /* Leak suspects' addresses, watched after their test's scope closed (the
  * ledger forgets its blocks then): an address stays watched until an

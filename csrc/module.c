@@ -215,9 +215,10 @@ static PyMethodDef engine_methods[] = {
     {"alloc_log_start", engine_alloc_log_start, METH_VARARGS,
      "alloc_log_start(slot, id, max): log the device's allocations and frees "
      "while open scope id lasts (at most max)."},
-    {"alloc_log_take", engine_alloc_log_take, METH_O,
-     "alloc_log_take(slot) -> ([(addr, size, time_us, site)], dropped): the "
-     "latest log, emptied."},
+    {"alloc_log_take", engine_alloc_log_take, METH_VARARGS,
+     "alloc_log_take(slot, keep=False) -> ([(addr, size, time_us, site, seq, counts)], "
+     "dropped): the device's latest allocation log, taken (with keep, a copy: the log "
+     "goes on)."},
     {"watch", engine_watch, METH_VARARGS,
      "watch(slot, addrs): leak suspects' addresses, watched until an "
      "allocation or a free is heard there."},

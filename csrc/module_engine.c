@@ -271,14 +271,14 @@ engine_alloc_log_start(PyObject *Py_UNUSED(module), PyObject *args)
 }
 
 PyObject *
-engine_alloc_log_take(PyObject *Py_UNUSED(module), PyObject *arg)
+engine_alloc_log_take(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    int slot;
+    int slot, keep = 0;
     uint32_t n;
     uint64_t dropped;
-    if (slot_arg(arg, &slot) < 0)
+    if (!PyArg_ParseTuple(args, "i|p:alloc_log_take", &slot, &keep) || check_slot(slot) < 0)
         return NULL;
-    AllocEntry *log = Engine_alloc_log_take(M.engine, slot, &n, &dropped);
+    AllocEntry *log = Engine_alloc_log_take(M.engine, slot, keep, &n, &dropped);
     PyObject *list = PyList_New(n), *result = NULL;
     if (list == NULL)
         goto error;

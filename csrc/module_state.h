@@ -55,7 +55,7 @@ PyObject *engine_live(PyObject *module, PyObject *const *args, Py_ssize_t n);
 PyObject *engine_timeline_start(PyObject *module, PyObject *args);
 PyObject *engine_timeline(PyObject *module, PyObject *args);
 PyObject *engine_alloc_log_start(PyObject *module, PyObject *args);
-PyObject *engine_alloc_log_take(PyObject *module, PyObject *arg);
+PyObject *engine_alloc_log_take(PyObject *module, PyObject *args);
 PyObject *engine_watch(PyObject *module, PyObject *args);
 PyObject *engine_watched(PyObject *module, PyObject *args);
 PyObject *engine_unwatch(PyObject *module, PyObject *arg);

@@ -28,7 +28,7 @@ test_logs_allocations_and_frees_of_a_scope(void **state)
     assert_int_equal(Engine_end(e, 0, id, &s), 0);
     Scope_fini(&s);
     Engine_event(e, 0, 0x3000, 10, 0, 0, EVENT_REPORT);    /* after: not logged */
-    AllocEntry *log = Engine_alloc_log_take(e, 0, &n, &dropped);
+    AllocEntry *log = Engine_alloc_log_take(e, 0, 0, &n, &dropped);
     assert_non_null(log);
     assert_int_equal(n, 3);
     assert_int_equal(dropped, 0);
@@ -44,7 +44,7 @@ test_logs_allocations_and_frees_of_a_scope(void **state)
     assert_int_equal(log[2].seq, log[0].seq + 3);
     assert_int_equal(log[0].counts, 1);
     free(log);
-    assert_null(Engine_alloc_log_take(e, 0, &n, &dropped));
+    assert_null(Engine_alloc_log_take(e, 0, 0, &n, &dropped));
     assert_int_equal(n, 0);
     Engine_free(e);
 }

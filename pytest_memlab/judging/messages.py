@@ -58,6 +58,31 @@ def _site_lines(at_peak: list, peak: int, top: int) -> list[str]:
     return lines
 
 
+def kinds_lines(figures) -> list[str]:
+    """What the bytes live at the own peak were, by kind, heaviest first
+    (a test with phases; measuring/memory_kinds.py): one line, wrapped."""
+    from ..measuring.memory_kinds import KIND_WORDS
+
+    kinds = getattr(figures, "kinds", None)
+    total = sum(kinds.values()) if kinds else 0
+    if not total:
+        return []
+    parts = []
+    for kind, size in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])):
+        if size:
+            share = f" ({100 * size / total:.0f}%)" if not parts else ""
+            parts.append(f"{KIND_WORDS[kind]} {format_size(size)}{share}")
+    lines, line = [], "  at the peak, by kind: "
+    for i, part in enumerate(parts):
+        text = part + (", " if i < len(parts) - 1 else "")
+        if len(line) + len(text) > 100 and not line.endswith(": "):
+            lines.append(line.rstrip())
+            line = "    "
+        line += text
+    lines.append(line)
+    return lines
+
+
 def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
     """A budget failure, shortest first: the figure, the budget and the
     excess; then where the own peak was reached and what was live then."""
@@ -66,6 +91,8 @@ def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
              f"by {format_size(e.value - e.budget)}"]
     if figures.attribution is not None and figures.peak:
         lines += describe_attribution(figures.attribution, figures.peak, top, context)
+    if e.what == "peak":
+        lines += kinds_lines(figures)
     lines.append(f"  exactly {e.value} B against {e.budget} B")
     if figures.estimated:
         lines.append(f"  ({figures.reason})")
@@ -196,6 +223,8 @@ def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(
             lines += describe_changes(list(changes), top)
         if figures.attribution is not None and figures.peak:
             lines += describe_attribution(figures.attribution, figures.peak, top, context)
+        if not c.process:
+            lines += kinds_lines(figures)
         lines.append(f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows "
                      f"{c.allowed} B more")
     else:

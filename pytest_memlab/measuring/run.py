@@ -245,6 +245,13 @@ class TestRun:
             kept = meter.kept(self._held_by_pytest() if figures.live else frozenset())
             if kept is not None:
                 leave_out_kept(figures, kept)   # and each phase's peak
+                walk = self.kind_walk
+                if walk is not None and meter.slot in walk.started:
+                    try:
+                        self._device_kinds(walk, meter, figures, kept, *engine.alloc_log_take(meter.slot, True),
+                                           tracing.phases())
+                    except Exception as exc:  # memlab's trouble, never the test's
+                        figures.kinds, figures.kinds_note = None, f"{type(exc).__name__}: {exc}"
         return figures
 
     def _kept(self, item) -> dict:
@@ -276,16 +283,18 @@ class TestRun:
             if meter.log:   # --memlab-snapshot's log: the same entries, from the start
                 entries, dropped = figures.alloc_log if figures and figures.alloc_log else ([], 0)
             else:
-                entries, dropped = engine.alloc_log_take(meter.slot) or ([], 0)
-            if figures is None or not figures.measured or device not in kept:
-                continue
-            if walk.error:
-                figures.kinds_note = f"the walk at a phase's boundary failed: {walk.error}"
-                continue
-            k = kept[device]
-            figures.kinds, figures.kinds_note = kinds_at_peak(
-                entries, dropped, phase_spans(phases, meter.slot), walk.marks, meter.slot,
-                k.seq, k.blocks, figures.peak)
+                entries, dropped = engine.alloc_log_take(meter.slot)
+            if figures is not None and figures.measured and device in kept:
+                self._device_kinds(walk, meter, figures, kept[device], entries, dropped, phases)
+
+    @staticmethod
+    def _device_kinds(walk: KindWalk, meter, figures, kept, entries: list, dropped: int, phases: list) -> None:
+        if walk.error:
+            figures.kinds, figures.kinds_note = None, f"the walk at a phase's boundary failed: {walk.error}"
+            return
+        figures.kinds, figures.kinds_note = kinds_at_peak(
+            entries, dropped, phase_spans(phases, meter.slot), walk.marks, meter.slot,
+            kept.seq, kept.blocks, figures.peak)
 
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
