@@ -13,25 +13,26 @@ import pytest
 
 from .devices import DeviceError, parse_device
 from .engine.tracing import PHASE_NAMES   # a phase's budget: the own peak while it ran
+from .measuring.memory_kinds import KIND_BUDGETS   # a kind's budget: its bytes at the own peak
 from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 
 MARKERS = {
     "cuda_memory": (
         "cuda_memory(max=None, *, max_total=None, max_reserved=None, leaks=0, tolerance=None, device=None, "
-        "include_first_use=False, forward=None, backward=None, step=None): "
+        "include_first_use=False, forward=None, backward=None, step=None, activations=None, ...): "
         "CUDA memory budget of this test (sizes as bytes or strings like '2GiB'); see pytest-memlab"
     ),
     "cpu_memory": (
         "cpu_memory(max=None, *, max_total=None, leaks=0, tolerance=None, include_first_use=False, "
-        "forward=None, backward=None, step=None): "
+        "forward=None, backward=None, step=None, activations=None, ...): "
         "CPU tensor memory budget of this test; see pytest-memlab"
     ),
 }
 
 _KEYWORDS = {
     "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device", "include_first_use",
-                    *PHASE_NAMES),
-    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", *PHASE_NAMES),
+                    *PHASE_NAMES, *KIND_BUDGETS),
+    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", *PHASE_NAMES, *KIND_BUDGETS),
 }
 
 
@@ -55,6 +56,7 @@ class MemorySpec:
     forward: int | None = None      # the own peak while a forward ran
     backward: int | None = None     # while a backward ran
     step: int | None = None         # while an optimizer step ran
+    kind_max: tuple = ()            # ((marker key, bytes), ...): a kind's bytes at the own peak (activations=)
 
 
 # What an unmarked test is measured with (--memlab, the memlab fixture), and
@@ -94,6 +96,14 @@ def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
                 spec[key] = parse_size(values[key])
             except SizeError as exc:
                 raise MarkerError(f"{name}({key}={values[key]!r}): {exc}") from None
+    kind_max = []
+    for key in KIND_BUDGETS:
+        if values.get(key) is not None:
+            try:
+                kind_max.append((key, parse_size(values[key])))
+            except SizeError as exc:
+                raise MarkerError(f"{name}({key}={values[key]!r}): {exc}") from None
+    spec["kind_max"] = tuple(kind_max)
     if "leaks" in values:
         if values["leaks"] is None:
             spec["leaks"] = None

@@ -101,3 +101,86 @@ def test_a_budget_failure_says_the_kinds_at_the_peak(pytester):
             f"({100 * first_size / sum(kinds.values()):.0f}%), ") in section
     for size, kind in ranked[1:]:
         assert f"{KIND_WORDS[kind]} {format_size(size)}" in section
+
+
+KIND_SUITE = """
+import pytest, torch
+MiB = 2**20
+GROW = {grow}
+
+class Keeps(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(MiB // 4))
+
+    def forward(self, x):
+        e = torch.exp(x * self.w)                     # kept for the backward: 1 MiB
+        if GROW:
+            e = torch.exp(e)                          # and one more: 1 MiB
+        return e.sum()
+
+@pytest.mark.cpu_memory({marker})
+def test_step():
+    model = Keeps()
+    x = torch.ones(MiB // 4)
+    model(x).backward()
+"""
+
+
+def kind_suite(pytester, marker: str, grow: bool = False) -> None:
+    pytester.makepyfile(test_step=KIND_SUITE.replace("{marker}", marker).replace("{grow}", str(grow)))
+
+
+def test_a_budget_on_one_kind_fails_naming_it(pytester):
+    kind_suite(pytester, 'activations="1.5M", gradients="1G"', grow=True)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab-report=json:r.json")
+    result.assert_outcomes(failed=1)
+    device = json.loads((pytester.path / "r.json").read_text())["tests"][0]["devices"]["cpu"]
+    assert device["kind_max"] == {"activations": 3 * MiB // 2, "gradients": 2**30}
+    activations = device["kinds"]["activation"]
+    assert 2 * MiB <= activations <= 2 * MiB + 16   # the two exp results (and the 4-byte output)
+    from pytest_memlab.sizes import format_size
+
+    result.stdout.fnmatch_lines([
+        f"cpu activations at the peak {format_size(activations)} exceeds activations=1.5 MiB "
+        f"by {format_size(activations - 3 * MiB // 2)}",
+        "*at the peak, by kind: *activations*",
+        f"  exactly {activations} B against {3 * MiB // 2} B",
+    ])
+    assert "gradients at the peak" not in result.stdout.str()
+
+
+def test_a_budget_on_one_kind_holds_where_it_is_not_exceeded(pytester):
+    kind_suite(pytester, 'activations="1.5M"')
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_bad_kind_budget_is_a_usage_error_naming_the_test_and_value(pytester):
+    kind_suite(pytester, 'activations="lots"')
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*test_step*activations='lots'*"])
+
+
+def test_the_baseline_keeps_the_kinds_and_a_regression_says_which_grew(pytester):
+    kind_suite(pytester, "")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab-baseline=bl.json",
+                                           "--memlab-update-baseline")
+    result.assert_outcomes(passed=1)
+    entry = json.loads((pytester.path / "bl.json").read_text())
+    (figures,) = [t["cpu"] for t in entry["tests"].values()]
+    old = figures["kinds"]
+    assert sum(old.values()) == figures["peak"]
+    assert old["parameter"] == 1 * MiB and old["input"] == 1 * MiB
+    kind_suite(pytester, "", grow=True)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab-baseline=bl.json",
+                                           "--memlab-report=json:r.json")
+    result.assert_outcomes(failed=1)
+    new = json.loads((pytester.path / "r.json").read_text())["tests"][0]["devices"]["cpu"]["kinds"]
+    from pytest_memlab.sizes import format_size
+
+    grew = new["activation"] - old["activation"]
+    assert grew >= 1 * MiB
+    result.stdout.fnmatch_lines([f"  by kind at the peak: activations +{format_size(grew)} "
+                                 f"({format_size(old['activation'])} -> {format_size(new['activation'])})*"])

@@ -147,12 +147,13 @@ def _check_sites(bad, nodeid: str, device: str, sites) -> None:
             raise bad(f"{where}: {site!r} is not a line (expected bytes, file, function and text)")
 
 
-def _check_phases(bad, nodeid: str, device: str, value) -> None:
-    """Each phase's peak at the last update: shown, never compared."""
+def _check_named_bytes(bad, nodeid: str, device: str, key: str, value) -> None:
+    """Each phase's peak (phases), the bytes at the peak by kind (kinds) at
+    the last update: shown, never compared."""
     if not isinstance(value, dict) or any(
             not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in value.values()):
-        raise bad(f"test {nodeid!r}, device {device!r}: phases is {value!r}, expected an object of "
-                  "phase -> bytes")
+        raise bad(f"test {nodeid!r}, device {device!r}: {key} is {value!r}, expected an object of "
+                  f"{'phase' if key == 'phases' else 'kind'} -> bytes")
 
 
 def _environment(bad, name: str, data: dict) -> Environment:
@@ -172,8 +173,8 @@ def _environment(bad, name: str, data: dict) -> Environment:
                 if key == "sites":
                     _check_sites(bad, nodeid, device, value)
                     continue
-                if key == "phases":
-                    _check_phases(bad, nodeid, device, value)
+                if key in ("phases", "kinds"):
+                    _check_named_bytes(bad, nodeid, device, key, value)
                     continue
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                     raise bad(f"test {nodeid!r}, device {device!r}: {key} is {value!r}, expected bytes "

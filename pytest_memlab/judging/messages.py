@@ -86,12 +86,15 @@ def kinds_lines(figures) -> list[str]:
 def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
     """A budget failure, shortest first: the figure, the budget and the
     excess; then where the own peak was reached and what was live then."""
+    from ..measuring.memory_kinds import KIND_BUDGETS
+
     e = exceeded
-    lines = [f"{e.device} {e.what} {format_size(e.value)} exceeds {e.budget_name} {format_size(e.budget)} "
-             f"by {format_size(e.value - e.budget)}"]
+    by_kind = e.budget_name in KIND_BUDGETS
+    budget = f"{e.budget_name}={format_size(e.budget)}" if by_kind else f"{e.budget_name} {format_size(e.budget)}"
+    lines = [f"{e.device} {e.what} {format_size(e.value)} exceeds {budget} by {format_size(e.value - e.budget)}"]
     if figures.attribution is not None and figures.peak:
         lines += describe_attribution(figures.attribution, figures.peak, top, context)
-    if e.what == "peak":
+    if e.what == "peak" or by_kind:
         lines += kinds_lines(figures)
     lines.append(f"  exactly {e.value} B against {e.budget} B")
     if figures.estimated:
@@ -206,7 +209,24 @@ def _change_words(c) -> str:
     return f"peak {verb} from {format_size(c.old)} to {format_size(c.new)} ({pct})"
 
 
-def baseline_failure(change, figures, top: int = 5, context: str = "", changes=()) -> str:
+def kind_changes(old: dict | None, new: dict | None) -> list[str]:
+    """Which kinds of the bytes at the own peak changed against the
+    baseline's, largest growth first: one line, or none where either side
+    has no kinds."""
+    from ..measuring.memory_kinds import KIND_WORDS
+
+    if not old or not new:
+        return []
+    moved = [(new.get(k, 0) - old.get(k, 0), k) for k in KIND_WORDS if new.get(k, 0) != old.get(k, 0)]
+    if not moved:
+        return ["  by kind at the peak: no kind changed"]
+    moved.sort(key=lambda dk: (-dk[0], dk[1]))
+    parts = [f"{KIND_WORDS[k]} {'+' if d > 0 else '-'}{format_size(abs(d))} "
+             f"({format_size(old.get(k, 0))} -> {format_size(new.get(k, 0))})" for d, k in moved]
+    return ["  by kind at the peak: " + ", ".join(parts)]
+
+
+def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(), old_kinds=None) -> str:
     """A regression (or, with --memlab-fail-on-improvement, an improvement)
     against the baseline: old and new figure, the change, the tolerance
     and the file; for a regression, what grew where first (changes: the
@@ -217,6 +237,8 @@ def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(
     c = change
     if c.kind == "regressed":
         lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
+        if not c.process:
+            lines += kind_changes(old_kinds, getattr(figures, "kinds", None))
         if changes is None:
             lines.append("  (no line among the heaviest the baseline keeps changed: what grew is below them)")
         else:

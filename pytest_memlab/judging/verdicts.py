@@ -22,6 +22,7 @@ from .findings import Cache, Change, Exceeded, Growth
 from ..sizes import format_size
 from .site_changes import site_changes, sites_at_peak
 from ..engine.tracing import PHASE_NAMES
+from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS
 from .messages import (baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report,
                        phase_budget_failure)
 
@@ -69,11 +70,20 @@ def exceeded(device: str, figures, spec) -> list[Exceeded]:
         budget = getattr(spec, name, None)
         if budget is not None and name in phases and phases[name][0] > budget:
             out.append(Exceeded(device, f"{name} peak", phases[name][0], name, budget))
+    # A kind's budget judges its bytes at the own peak (the kinds add up to
+    # it), where the test had phases to tell them
+    kinds = getattr(figures, "kinds", None)
+    if kinds:
+        for key, budget in getattr(spec, "kind_max", ()):
+            value = kinds.get(KIND_BUDGETS[key], 0)
+            if value > budget:
+                out.append(Exceeded(device, f"{KIND_WORDS[KIND_BUDGETS[key]]} at the peak", value, key, budget))
     return out
 
 
 def has_budget(spec) -> bool:
-    return any(getattr(spec, name, None) is not None for _, _, name in BUDGETS) or has_phase_budget(spec)
+    return (any(getattr(spec, name, None) is not None for _, _, name in BUDGETS) or has_phase_budget(spec)
+            or bool(getattr(spec, "kind_max", ())))
 
 
 def has_phase_budget(spec) -> bool:
@@ -237,10 +247,15 @@ class Verdicts:
                 notes.append(f"{device} phase budgets not judged: the phases are heard by the tracer, which was "
                              f"off ({measurement.trace_note})")
             figures = run.figures[device] if final else measurement.figures(device)
-            if not final and has_phase_budget(spec):
-                figures = run.figures_now(device)   # the phases' peaks come from the kept walk
+            by_walk = has_phase_budget(spec) or bool(spec.kind_max)
+            if not final and by_walk:
+                figures = run.figures_now(device)   # the phases' peaks and the kinds come from the kept walk
+            if final and spec.kind_max and figures.measured and figures.kinds is None:
+                keys = ", ".join(f"{key}=" for key, _ in spec.kind_max)
+                notes.append(f"{device} {keys} not judged: no kinds at the peak "
+                             f"({figures.kinds_note or 'no phase ran, or the tracer was off'})")
             new = [e for e in exceeded(device, figures, spec) if e.key not in run.failed]
-            if new and not final and not has_phase_budget(spec):
+            if new and not final and not by_walk:
                 # where the peak came from, and the peak without what the
                 # test holds now that it may keep (what fails now fails at
                 # the end too: it can only keep less)
@@ -251,7 +266,8 @@ class Verdicts:
                 if e.budget_name in PHASE_NAMES:
                     failures.append(phase_budget_failure(e, figures))
                     continue
-                context = measurement.context(device, figures.seq_at_peak) if e.what == "peak" else ""
+                at_peak = e.what == "peak" or e.budget_name in KIND_BUDGETS
+                context = measurement.context(device, figures.seq_at_peak) if at_peak else ""
                 failures.append(budget_failure(e, figures, self.options.top, context))
         failures += self._compare(run, final)
         self._children_findings(run, failures)
@@ -328,7 +344,8 @@ class Verdicts:
                 if not changes and entry.get("sites") and change.kind == "regressed":
                     changes = None   # the growth is below the lines kept: said so
                 failures.append(baseline_failure(change, figures, options.top,
-                                                 measurement.context(device, figures.seq_at_peak), changes))
+                                                 measurement.context(device, figures.seq_at_peak), changes,
+                                                 entry.get("kinds")))
         failures += self._compare_ranks(run, final)
         return failures
 

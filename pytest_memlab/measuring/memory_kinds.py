@@ -34,6 +34,10 @@ KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activat
 KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "gradient": "gradients",
               "optimizer_state": "optimizer state", "input": "inputs", "activation": "activations",
               "temporary": "temporaries", "other": "other"}
+# A marker's budget on one kind (cpu_memory(activations="1G")): key -> kind
+KIND_BUDGETS = {"parameters": "parameter", "buffers": "buffer", "gradients": "gradient",
+                "optimizer_state": "optimizer_state", "inputs": "input", "activations": "activation",
+                "temporaries": "temporary"}
 # A walk's finding wins over another's for the same block in this order
 # (a parameter is also in the optimizer's groups).
 _RANK = {"parameter": 0, "buffer": 1, "gradient": 2, "optimizer_state": 3, "input": 4}

@@ -33,7 +33,7 @@ _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
              "peak_with_kept", "kept", "first_use")
-_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds")
+_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kind_max")
 _STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
@@ -60,6 +60,7 @@ class DeviceResult:
     phases: dict = field(default_factory=dict)   # each phase's own peak: {"forward": bytes, ...}
     phase_max: dict = field(default_factory=dict)   # the marker's phase budgets, as phases
     kinds: dict | None = None        # bytes live at the peak by kind (a test with phases), else None
+    kind_max: dict = field(default_factory=dict)   # the marker's kind budgets: {"activations": bytes}
     max: int | None = None
     max_total: int | None = None
     max_reserved: int | None = None
@@ -78,6 +79,8 @@ class DeviceResult:
                  "first_use": self.first_use or 0, "sites": self.sites}
         if self.phases:   # shown, not compared
             entry["phases"] = dict(self.phases)
+        if self.kinds:    # shown; a regression says which kind grew
+            entry["kinds"] = dict(self.kinds)
         return entry
 
     @classmethod
@@ -111,6 +114,7 @@ class DeviceResult:
             result.max, result.max_total, result.max_reserved = spec.max, spec.max_total, spec.max_reserved
             result.phase_max = {name: getattr(spec, name) for name in PHASE_NAMES
                                 if getattr(spec, name, None) is not None}
+            result.kind_max = dict(getattr(spec, "kind_max", ()))
         return result
 
 
