@@ -6,6 +6,7 @@ keeps them and a budget failure says them; a test without phases has
 none."""
 
 import json
+import sys
 
 import pytest
 
@@ -184,3 +185,73 @@ def test_the_baseline_keeps_the_kinds_and_a_regression_says_which_grew(pytester)
     assert grew >= 1 * MiB
     result.stdout.fnmatch_lines([f"  by kind at the peak: activations +{format_size(grew)} "
                                  f"({format_size(old['activation'])} -> {format_size(new['activation'])})*"])
+
+
+STEPS = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(512, 2048)
+        self.fc2 = torch.nn.Linear(2048, 2048)
+        self.fc3 = torch.nn.Linear(2048, 10)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+def two_steps():
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        x = torch.randn(1024, 512)
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+"""
+
+PROFILED = """
+import json, sys
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
+from steps import two_steps
+
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    two_steps()
+times, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
+sizes = np.array(sizes)
+at = int(sizes.sum(axis=1).argmax())
+# a category's column is its index + 1 (torch's own plot reads them so)
+print(json.dumps({"total": int(sizes[at].sum()),
+                  **{(c.name.lower() if c is not None else "unknown"): int(sizes[at][i + 1])
+                     for c, i in _CATEGORY_TO_INDEX.items()}}))
+"""
+
+
+def test_the_kinds_agree_with_torchs_profiler_on_the_same_steps(pytester):
+    pytester.makepyfile(steps=STEPS, profiled=PROFILED,
+                        test_steps="from steps import two_steps\n\ndef test_two_steps():\n    two_steps()\n")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab", "--memlab-report=json:r.json")
+    result.assert_outcomes(passed=1)
+    device = json.loads((pytester.path / "r.json").read_text())["tests"][0]["devices"]["cpu"]
+    kinds = device["kinds"]
+    profiled = pytester.run(sys.executable, "profiled.py")
+    assert profiled.ret == 0, profiled.stderr.str()
+    torch_kinds = json.loads(profiled.stdout.lines[-1])
+    # the same peak, to the byte, and the tensors whose kinds are facts, the same
+    assert torch_kinds["total"] == device["peak"] == sum(kinds.values())
+    assert kinds["parameter"] == torch_kinds["parameter"] == 4 * (512 * 2048 + 2048 + 2048 * 2048 + 2048
+                                                                   + 2048 * 10 + 10)
+    assert kinds["gradient"] == torch_kinds["gradient"]
+    assert kinds["input"] == torch_kinds["input"] == 1024 * 512 * 4
+    assert kinds["optimizer_state"] == torch_kinds["optimizer_state"] == 0
+    # activations within 5% of the profiler's (it calls the loss one too)
+    assert abs(kinds["activation"] - torch_kinds["activation"]) <= 0.05 * torch_kinds["activation"]
+    # what the profiler calls autograd's detail and temporaries, memlab's temporaries and other
+    assert (kinds["temporary"] + kinds["other"] + kinds["activation"]
+            == torch_kinds["temporary"] + torch_kinds["autograd_detail"] + torch_kinds["unknown"]
+            + torch_kinds["activation"])
