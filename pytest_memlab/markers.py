@@ -31,8 +31,8 @@ MARKERS = {
 
 _KEYWORDS = {
     "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device", "include_first_use",
-                    *PHASE_NAMES, *KIND_BUDGETS),
-    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", *PHASE_NAMES, *KIND_BUDGETS),
+                    *KIND_BUDGETS, *PHASE_NAMES),
+    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", *KIND_BUDGETS, *PHASE_NAMES),
 }
 
 

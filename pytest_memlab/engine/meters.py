@@ -218,9 +218,16 @@ class EngineMeter:
         own_max, total_min, total_max)])."""
         return engine.timeline(self.slot, points)
 
-    def take_alloc_log(self) -> tuple | None:
-        """The allocation log of this scope (--memlab-snapshot), once."""
-        return engine.alloc_log_take(self.slot)
+    def take_alloc_log(self, keep: bool = False) -> tuple | None:
+        """The allocation log of this scope (--memlab-snapshot, the memory
+        by kind): ([(addr, size, time_us, site, seq, counts)], dropped),
+        taken once; with keep, a copy (the log goes on)."""
+        return engine.alloc_log_take(self.slot, keep)
+
+    def start_alloc_log(self, entries: int) -> None:
+        """Logs this scope's allocations and frees from now on (at most
+        entries: past them they are counted)."""
+        engine.alloc_log_start(self.slot, self.scope_id, entries)
 
     def end(self, park: bool = False) -> DeviceFigures:
         s = self.core.bridge.close_scope(self.slot, self.scope_id, park)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import weakref
 
-from .. import _engine as engine
 from ..engine.slots import slot_of
 
 KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
@@ -99,7 +98,7 @@ class KindWalk:
     def _start_logs(self) -> None:
         for slot, meter in self.meters.items():
             if not meter.log and meter.scope_id is not None:
-                engine.alloc_log_start(slot, meter.scope_id, KIND_LOG_MAX)
+                meter.start_alloc_log(KIND_LOG_MAX)
             self.started.add(slot)
 
     def _note(self, tensor, kind: str, seqs: dict) -> None:
@@ -120,8 +119,9 @@ class KindWalk:
             except (ValueError, IndexError):
                 slot = -1
             seqs[device] = slot
-        if slot in self.meters:
-            self.marks.setdefault((slot, addr), []).append((engine.seq(slot), kind))
+        meter = self.meters.get(slot)
+        if meter is not None:
+            self.marks.setdefault((slot, addr), []).append((meter.seq(), kind))
 
     def _note_inputs(self, inputs) -> None:
         seqs: dict = {}

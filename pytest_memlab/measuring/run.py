@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from ..children.gathering import ChildWatch, StartupHookMissing
 from ..devices import default_device, machine_gpu, other_gpus
-from .. import _engine as engine
 from ..engine.backend import BRIDGE, MemlabCoreError
 from ..engine.tracing import tracing
 from ..engine.meters import EngineMeter, leave_out_kept, make_meter
@@ -248,7 +247,7 @@ class TestRun:
                 walk = self.kind_walk
                 if walk is not None and meter.slot in walk.started:
                     try:
-                        self._device_kinds(walk, meter, figures, kept, *engine.alloc_log_take(meter.slot, True),
+                        self._device_kinds(walk, meter, figures, kept, *meter.take_alloc_log(keep=True),
                                            tracing.phases())
                     except Exception as exc:  # memlab's trouble, never the test's
                         figures.kinds, figures.kinds_note = None, f"{type(exc).__name__}: {exc}"
@@ -283,7 +282,7 @@ class TestRun:
             if meter.log:   # --memlab-snapshot's log: the same entries, from the start
                 entries, dropped = figures.alloc_log if figures and figures.alloc_log else ([], 0)
             else:
-                entries, dropped = engine.alloc_log_take(meter.slot)
+                entries, dropped = meter.take_alloc_log()
             if figures is not None and figures.measured and device in kept:
                 self._device_kinds(walk, meter, figures, kept[device], entries, dropped, phases)
 
