@@ -296,3 +296,31 @@ def test_the_html_timeline_stacks_the_kinds_and_the_json_keeps_them(pytester, tm
                         ("activation", "activations")):
         assert f'class="kind" data-kind="{kind}"' in dom.stdout, kind
         assert f'class="kind-label">{words}</text>' in dom.stdout, words
+
+
+def test_each_phases_peak_has_its_kinds_and_a_phase_budget_says_them(pytester):
+    pytester.makepyfile(steps=STEPS, test_steps="""
+import pytest
+from steps import two_steps
+
+@pytest.mark.cpu_memory(backward="30M")
+def test_two_steps():
+    two_steps()
+""")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab-report=json:r.json")
+    result.assert_outcomes(failed=1)
+    device = json.loads((pytester.path / "r.json").read_text())["tests"][0]["devices"]["cpu"]
+    phases, phase_kinds = device["phases"], device["phase_kinds"]
+    assert set(phase_kinds) == set(phases) == {"forward", "backward", "step"}
+    for name, kinds in phase_kinds.items():
+        assert sum(kinds.values()) == phases[name], name
+    params = 4 * (512 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10)
+    assert all(kinds["parameter"] == params for kinds in phase_kinds.values())
+    assert phase_kinds["step"]["gradient"] == params            # every .grad, as SGD steps
+    assert phase_kinds["forward"]["gradient"] == 0               # zero_grad(set_to_none=True) before it
+    assert phase_kinds["backward"] == device["kinds"]            # the test's peak is the backward's
+    from pytest_memlab.sizes import format_size
+
+    top = max(phase_kinds["backward"], key=phase_kinds["backward"].get)
+    assert top == "parameter"
+    result.stdout.fnmatch_lines([f"  at the backward's peak, by kind: parameters {format_size(params)} (*%), *"])

@@ -229,6 +229,38 @@ def kinds_at_peak(lives: list, dropped: int, spans: list, peak_seq: int, own_pea
     return out, ""
 
 
+def kinds_at_phase_peaks(lives: list, spans: list, phase_peaks: dict, names: tuple) -> dict:
+    """phase name -> bytes by kind at that phase's own peak (the test's
+    own bytes, what it kept left out, at their most while a phase of that
+    kind ran, counting what was live when it began), for each phase whose
+    peak the engine gave (phase_peaks: name -> (bytes, site)) and the
+    blocks reach to the byte; names: the phase names by kind - 1."""
+    changes = [(a, size, kind) for size, a, f, kind, kept in lives if not kept]
+    changes += [(f, -size, kind) for size, a, f, kind, kept in lives if not kept and f != NEVER]
+    changes.sort(key=lambda c: c[0])
+    ordered = sorted(spans, key=lambda s: s[1])
+    best: dict = {}   # name -> (bytes, kinds)
+    now = dict.fromkeys(KINDS, 0)
+    own = i = j = 0
+    running: list = []   # the spans begun and not yet over (a few at most: they nest)
+    for seq in sorted({s[1] for s in ordered} | {c[0] for c in changes}):
+        while i < len(changes) and changes[i][0] <= seq:
+            _at, size, kind = changes[i]
+            now[kind] += size
+            own += size
+            i += 1
+        while j < len(ordered) and ordered[j][1] <= seq:
+            running.append(ordered[j])
+            j += 1
+        running = [span for span in running if seq <= span[2]]
+        for kind, _start, _end in running:
+            name = names[kind - 1]
+            if name not in best or own > best[name][0]:
+                best[name] = (own, dict(now))
+    return {name: kinds for name, (own, kinds) in best.items()
+            if name in phase_peaks and phase_peaks[name][0] == own}
+
+
 def kinds_over_time(lives: list, seqs: list, since: int) -> dict:
     """kind -> [bytes live after each event of seqs (ascending)] for the
     kinds that ever had any, with None before event since (the first

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from ..children.gathering import ChildWatch, StartupHookMissing
 from ..devices import default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
-from ..engine.tracing import tracing
+from ..engine.tracing import PHASE_NAMES, tracing
 from ..engine.meters import EngineMeter, leave_out_kept, make_meter
 from ..judging.messages import leak_report
 from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
 from .measurement import Measurement
-from .memory_kinds import KindWalk, classify, kinds_at_peak, kinds_over_time, phase_spans
+from .memory_kinds import KindWalk, classify, kinds_at_peak, kinds_at_phase_peaks, kinds_over_time, phase_spans
 from .out_of_memory import cpu_failure_count, cpu_moment, explain
 
 
@@ -296,6 +296,7 @@ class TestRun:
         figures.kinds, figures.kinds_note = kinds_at_peak(lives, dropped, spans, kept.seq, figures.peak)
         if figures.kinds is not None:   # for the reports' timeline, until the result is made
             figures.kind_lives = (lives, entries[0][4] if entries else 0)
+            figures.phase_kinds = kinds_at_phase_peaks(lives, spans, figures.phase_peaks, PHASE_NAMES)
 
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
