@@ -6,6 +6,8 @@ keeps them and a budget failure says them; a test without phases has
 none."""
 
 import json
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -255,3 +257,70 @@ def test_the_kinds_agree_with_torchs_profiler_on_the_same_steps(pytester):
     assert (kinds["temporary"] + kinds["other"] + kinds["activation"]
             == torch_kinds["temporary"] + torch_kinds["autograd_detail"] + torch_kinds["unknown"]
             + torch_kinds["activation"])
+
+
+def test_the_html_timeline_stacks_the_kinds_and_the_json_keeps_them(pytester, tmp_path):
+    pytester.makepyfile(steps=STEPS,
+                        test_steps="from steps import two_steps\n\ndef test_two_steps():\n    two_steps()\n")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab-details=all",
+                                           "--memlab-report=json:r.json,html:r.html")
+    result.assert_outcomes(passed=1)
+    report = json.loads((pytester.path / "r.json").read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    from pytest_memlab.reports.json_report import SCHEMA
+
+    jsonschema.validate(report, json.loads(SCHEMA.read_text()))   # kinds and kind_max included
+    device = report["tests"][0]["devices"]["cpu"]
+    detail = device["detail"]
+    series, points = detail["kinds"], detail["timeline"]
+    assert {"parameter", "gradient", "input", "activation"} <= set(series)
+    assert all(len(values) == len(points) for values in series.values())
+    # None before the first phase; after it, the kinds at each point's first
+    # event are the own bytes then, within the point's least and most
+    first = next(i for i, v in enumerate(series["parameter"]) if v is not None)
+    assert first > 0 and all(values[first - 1] is None for values in series.values())
+    for i, (_at, own_min, own_max, _tmin, _tmax) in enumerate(points[first:], first):
+        assert own_min <= sum(values[i] for values in series.values()) <= own_max, i
+    assert max(series["parameter"][first:]) == device["kinds"]["parameter"]
+    chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
+                    None)
+    if chromium is None:
+        pytest.skip("Chromium is not installed (ci/install installs Debian's chromium)")
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,1000",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                          (pytester.path / "r.html").as_uri() + "#test=0"],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "Uncaught" not in dom.stderr
+    for kind, words in (("parameter", "parameters"), ("gradient", "gradients"), ("input", "inputs"),
+                        ("activation", "activations")):
+        assert f'class="kind" data-kind="{kind}"' in dom.stdout, kind
+        assert f'class="kind-label">{words}</text>' in dom.stdout, words
+
+
+def test_each_phases_peak_has_its_kinds_and_a_phase_budget_says_them(pytester):
+    pytester.makepyfile(steps=STEPS, test_steps="""
+import pytest
+from steps import two_steps
+
+@pytest.mark.cpu_memory(backward="30M")
+def test_two_steps():
+    two_steps()
+""")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab-report=json:r.json")
+    result.assert_outcomes(failed=1)
+    device = json.loads((pytester.path / "r.json").read_text())["tests"][0]["devices"]["cpu"]
+    phases, phase_kinds = device["phases"], device["phase_kinds"]
+    assert set(phase_kinds) == set(phases) == {"forward", "backward", "step"}
+    for name, kinds in phase_kinds.items():
+        assert sum(kinds.values()) == phases[name], name
+    params = 4 * (512 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10)
+    assert all(kinds["parameter"] == params for kinds in phase_kinds.values())
+    assert phase_kinds["step"]["gradient"] == params            # every .grad, as SGD steps
+    assert phase_kinds["forward"]["gradient"] == 0               # zero_grad(set_to_none=True) before it
+    assert phase_kinds["backward"] == device["kinds"]            # the test's peak is the backward's
+    from pytest_memlab.sizes import format_size
+
+    top = max(phase_kinds["backward"], key=phase_kinds["backward"].get)
+    assert top == "parameter"
+    result.stdout.fnmatch_lines([f"  at the backward's peak, by kind: parameters {format_size(params)} (*%), *"])

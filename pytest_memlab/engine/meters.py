@@ -73,6 +73,8 @@ class DeviceFigures:
     # a test with phases; else None, and kinds_note says why where it matters
     kinds: dict | None = None
     kinds_note: str = ""
+    phase_kinds: dict = field(default_factory=dict)   # phase name -> kinds at that phase's peak
+    kind_lives: tuple | None = None   # (memory_kinds.classify's blocks, the log's first event): the timeline's kinds
 
 
 @dataclass(slots=True)

@@ -58,12 +58,14 @@ def _site_lines(at_peak: list, peak: int, top: int) -> list[str]:
     return lines
 
 
-def kinds_lines(figures) -> list[str]:
-    """What the bytes live at the own peak were, by kind, heaviest first
-    (a test with phases; measuring/memory_kinds.py): one line, wrapped."""
+def kinds_lines(figures, kinds: dict | None = None, where: str = "the peak") -> list[str]:
+    """What the bytes live at the own peak (or kinds, at where) were, by
+    kind, heaviest first (a test with phases; measuring/memory_kinds.py):
+    one line, wrapped."""
     from ..measuring.memory_kinds import KIND_WORDS
 
-    kinds = getattr(figures, "kinds", None)
+    if kinds is None:
+        kinds = getattr(figures, "kinds", None)
     total = sum(kinds.values()) if kinds else 0
     if not total:
         return []
@@ -72,7 +74,7 @@ def kinds_lines(figures) -> list[str]:
         if size:
             share = f" ({100 * size / total:.0f}%)" if not parts else ""
             parts.append(f"{KIND_WORDS[kind]} {format_size(size)}{share}")
-    lines, line = [], "  at the peak, by kind: "
+    lines, line = [], f"  at {where}, by kind: "
     for i, part in enumerate(parts):
         text = part + (", " if i < len(parts) - 1 else "")
         if len(line) + len(text) > 100 and not line.endswith(": "):
@@ -117,6 +119,9 @@ def phase_budget_failure(exceeded, figures) -> str:
         lines.append(f"  live when the {phase} began (no allocation in it went higher)")
     every = ", ".join(f"{name} {format_size(peak)}" for name, (peak, _) in figures.phase_peaks.items())
     lines.append(f"  the phases' peaks: {every}; the test's own peak {format_size(figures.peak)}")
+    phase_kinds = getattr(figures, "phase_kinds", {}).get(phase)
+    if phase_kinds:
+        lines += kinds_lines(figures, phase_kinds, f"the {phase}'s peak")
     lines.append(f"  exactly {e.value} B against {e.budget} B")
     return "\n".join(lines)
 

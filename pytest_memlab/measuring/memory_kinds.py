@@ -45,6 +45,7 @@ _RANK = {"parameter": 0, "buffer": 1, "gradient": 2, "optimizer_state": 3, "inpu
 KIND_LOG_MAX = 1 << 21
 
 FORWARD, BACKWARD, STEP = 1, 2, 3   # csrc/phases.h
+NEVER = 1 << 63                      # the event number of a free that never came
 
 
 class KindWalk:
@@ -174,27 +175,19 @@ def phase_spans(phases: list, slot: int) -> list[tuple[int, int, int]]:
             running[kind] = seq
         elif -kind in running:
             spans.append((-kind, running.pop(-kind), seq))
-    spans.extend((kind, start, 1 << 63) for kind, start in running.items())
+    spans.extend((kind, start, NEVER) for kind, start in running.items())
     spans.sort(key=lambda span: span[1])
     return spans
 
 
-def kinds_at_peak(entries: list, dropped: int, spans: list, marks: dict, slot: int, peak_seq: int,
-                  kept_blocks: list, own_peak: int) -> tuple[dict | None, str]:
-    """Bytes by kind of the blocks live at event peak_seq that count for
-    the test and that it did not keep (kept_blocks: (addr, size, seq,
-    site)), from the device's allocation log (engine.alloc_log_take's
-    entries).  Returns (kind -> bytes, "") or (None, why not)."""
-    if dropped:
-        return None, f"the allocation log dropped {dropped} events"
-    if not spans:
-        return None, "no phase ran"
-    if peak_seq < spans[0][1]:
-        return None, "the peak came before the first phase"
+def classify(entries: list, spans: list, marks: dict, slot: int, kept_blocks: list) -> list:
+    """Every block of the test that the allocation log (engine's entries,
+    from the first phase on) and the blocks it kept (kept_blocks: (addr,
+    size, seq, site)) tell of: (size, allocated seq or -1 before the log,
+    freed seq or never, kind, kept)."""
     kept = {(addr, seq) for addr, _size, seq, _site in kept_blocks}
     born: dict[int, tuple[int, int]] = {}   # addr -> (seq, size), open blocks
-    lives = []                               # (size, allocated seq or -1: before the log, freed seq)
-    never = 1 << 63
+    lives = []                               # (addr, size, allocated, freed)
     for addr, size, _time, _site, seq, counts in entries:
         if size > 0:
             if addr in born:   # its free was not heard: gone when the address came back
@@ -205,17 +198,90 @@ def kinds_at_peak(entries: list, dropped: int, spans: list, marks: dict, slot: i
         elif counts:
             a, _s = born.pop(addr, (-1, 0))
             lives.append((addr, -size, a, seq))
-    for addr, (a, s) in born.items():
-        if (addr, a) not in kept:
-            lives.append((addr, s, a, never))
+    out = [(size, a, f, _kind(addr, a, f, spans, marks.get((slot, addr))), False) for addr, size, a, f in lives]
+    logged = set()
+    for addr, (a, size) in born.items():
+        logged.add((addr, a))
+        out.append((size, a, NEVER, _kind(addr, a, NEVER, spans, marks.get((slot, addr))), (addr, a) in kept))
+    first = entries[0][4] if entries else NEVER
+    for addr, size, a, _site in kept_blocks:   # kept, made before the log began
+        if (addr, a) not in logged and a < first:
+            out.append((size, a, NEVER, _kind(addr, a, NEVER, spans, marks.get((slot, addr))), True))
+    return out
+
+
+def kinds_at_peak(lives: list, dropped: int, spans: list, peak_seq: int, own_peak: int) -> tuple[dict | None, str]:
+    """Bytes by kind of the blocks (classify's) live at event peak_seq that
+    the test did not keep.  Returns (kind -> bytes, "") or (None, why
+    not)."""
+    if dropped:
+        return None, f"the allocation log dropped {dropped} events"
+    if not spans:
+        return None, "no phase ran"
+    if peak_seq < spans[0][1]:
+        return None, "the peak came before the first phase"
     out = dict.fromkeys(KINDS, 0)
-    for addr, size, a, f in lives:
-        if not (a <= peak_seq < f):
-            continue
-        out[_kind(addr, a, f, spans, marks.get((slot, addr)))] += size
+    for size, a, f, kind, kept in lives:
+        if not kept and a <= peak_seq < f:
+            out[kind] += size
     if sum(out.values()) != own_peak:
         return None, f"the blocks live at the peak sum to {sum(out.values())} B, not the own peak {own_peak} B"
     return out, ""
+
+
+def kinds_at_phase_peaks(lives: list, spans: list, phase_peaks: dict, names: tuple) -> dict:
+    """phase name -> bytes by kind at that phase's own peak (the test's
+    own bytes, what it kept left out, at their most while a phase of that
+    kind ran, counting what was live when it began), for each phase whose
+    peak the engine gave (phase_peaks: name -> (bytes, site)) and the
+    blocks reach to the byte; names: the phase names by kind - 1."""
+    changes = [(a, size, kind) for size, a, f, kind, kept in lives if not kept]
+    changes += [(f, -size, kind) for size, a, f, kind, kept in lives if not kept and f != NEVER]
+    changes.sort(key=lambda c: c[0])
+    ordered = sorted(spans, key=lambda s: s[1])
+    best: dict = {}   # name -> (bytes, kinds)
+    now = dict.fromkeys(KINDS, 0)
+    own = i = j = 0
+    running: list = []   # the spans begun and not yet over (a few at most: they nest)
+    for seq in sorted({s[1] for s in ordered} | {c[0] for c in changes}):
+        while i < len(changes) and changes[i][0] <= seq:
+            _at, size, kind = changes[i]
+            now[kind] += size
+            own += size
+            i += 1
+        while j < len(ordered) and ordered[j][1] <= seq:
+            running.append(ordered[j])
+            j += 1
+        running = [span for span in running if seq <= span[2]]
+        for kind, _start, _end in running:
+            name = names[kind - 1]
+            if name not in best or own > best[name][0]:
+                best[name] = (own, dict(now))
+    return {name: kinds for name, (own, kinds) in best.items()
+            if name in phase_peaks and phase_peaks[name][0] == own}
+
+
+def kinds_over_time(lives: list, seqs: list, since: int) -> dict:
+    """kind -> [bytes live after each event of seqs (ascending)] for the
+    kinds that ever had any, with None before event since (the first
+    phase, where the log began); kept blocks count, as on the timeline."""
+    changes = []
+    for size, a, f, kind, _kept in lives:
+        changes.append((a, size, kind))
+        if f != NEVER:
+            changes.append((f, -size, kind))
+    changes.sort(key=lambda c: c[0])
+    now = dict.fromkeys(KINDS, 0)
+    series = {kind: [] for kind in KINDS}
+    i = 0
+    for seq in seqs:
+        while i < len(changes) and changes[i][0] <= seq:
+            _at, size, kind = changes[i]
+            now[kind] += size
+            i += 1
+        for kind in KINDS:
+            series[kind].append(now[kind] if seq >= since else None)
+    return {kind: values for kind, values in series.items() if any(values)}
 
 
 def _kind(addr: int, a: int, f: int, spans: list, marks: list | None) -> str:

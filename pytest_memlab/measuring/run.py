@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from ..children.gathering import ChildWatch, StartupHookMissing
 from ..devices import default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
-from ..engine.tracing import tracing
+from ..engine.tracing import PHASE_NAMES, tracing
 from ..engine.meters import EngineMeter, leave_out_kept, make_meter
 from ..judging.messages import leak_report
 from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
 from .measurement import Measurement
-from .memory_kinds import KindWalk, kinds_at_peak, phase_spans
+from .memory_kinds import KindWalk, classify, kinds_at_peak, kinds_at_phase_peaks, kinds_over_time, phase_spans
 from .out_of_memory import cpu_failure_count, cpu_moment, explain
 
 
@@ -291,9 +291,12 @@ class TestRun:
         if walk.error:
             figures.kinds, figures.kinds_note = None, f"the walk at a phase's boundary failed: {walk.error}"
             return
-        figures.kinds, figures.kinds_note = kinds_at_peak(
-            entries, dropped, phase_spans(phases, meter.slot), walk.marks, meter.slot,
-            kept.seq, kept.blocks, figures.peak)
+        spans = phase_spans(phases, meter.slot)
+        lives = classify(entries, spans, walk.marks, meter.slot, kept.blocks)
+        figures.kinds, figures.kinds_note = kinds_at_peak(lives, dropped, spans, kept.seq, figures.peak)
+        if figures.kinds is not None:   # for the reports' timeline, until the result is made
+            figures.kind_lives = (lives, entries[0][4] if entries else 0)
+            figures.phase_kinds = kinds_at_phase_peaks(lives, spans, figures.phase_peaks, PHASE_NAMES)
 
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
@@ -417,6 +420,7 @@ class TestRun:
                 d.baseline = "new"
             if detail and figures.measured:
                 d.detail = self._detail(device, figures, top)
+            figures.kind_lives = None   # every block of the test: not kept past its result
         return result
 
     def _detail(self, device: str, figures, top: int) -> dict:
@@ -437,9 +441,14 @@ class TestRun:
             chain = figures.attribution.peak_chain if figures.attribution is not None else []
             peak_line = str(chain[0]) if chain else None
         leak = self.leaks.get(device)
+        kinds = None
+        if figures.kind_lives is not None and points:
+            lives, since = figures.kind_lives
+            kinds = kinds_over_time(lives, [p[0] for p in points], since)
         return {
             "events": last - seq0,
             "timeline": [[seq - seq0, lo, hi, tlo, thi] for seq, lo, hi, tlo, thi in points],
+            "kinds": kinds,
             "marks": marks,
             "peak_at": peak_at,
             "peak_line": peak_line,

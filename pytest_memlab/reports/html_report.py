@@ -126,6 +126,11 @@ _SCRIPT = r"""
     if (text !== undefined) e.textContent = text;
     return e;
   }
+  // memory by kind: colour and words, in the stacking order (bottom up)
+  const KINDS = {parameter: ['#8c564b', 'parameters'], buffer: ['#c49c94', 'buffers'],
+                 optimizer_state: ['#ff7f0e', 'optimizer state'], gradient: ['#e377c2', 'gradients'],
+                 input: ['#bcbd22', 'inputs'], activation: ['#17becf', 'activations'],
+                 temporary: ['#9edae5', 'temporaries'], other: ['#c7c7c7', 'other']};
   function timeline(d) {
     const det = d.detail, W = 900, H = 300, L = 70, R = 20, T = 30, B = 40;
     const svg = el('svg', {width: W, height: H, class: 'timeline', viewBox: '0 0 ' + W + ' ' + H});
@@ -154,6 +159,26 @@ _SCRIPT = r"""
       });
       svg.appendChild(el('polygon', {points: up.concat(down.reverse()).join(' '), fill: color,
                                      'fill-opacity': 0.25, stroke: color, 'stroke-width': 1.5, class: cls}));
+    }
+    // the own bytes by kind (a test with phases), stacked, from the first phase on
+    if (det.kinds) {
+      const base = pts.map(function () { return 0; });
+      let lx = L;
+      Object.keys(KINDS).filter(function (k) { return det.kinds[k]; }).forEach(function (k) {
+        const vals = det.kinds[k], up = [], down = [];
+        pts.forEach(function (p, i) {
+          if (vals[i] === null) return;
+          const x0 = X(p[0]), x1 = X(i + 1 < pts.length ? pts[i + 1][0] : det.events);
+          down.push(x0 + ',' + Y(base[i]), x1 + ',' + Y(base[i]));
+          base[i] += vals[i];
+          up.push(x0 + ',' + Y(base[i]), x1 + ',' + Y(base[i]));
+        });
+        svg.appendChild(el('polygon', {points: up.concat(down.reverse()).join(' '), fill: KINDS[k][0],
+                                       'fill-opacity': 0.6, stroke: 'none', class: 'kind', 'data-kind': k}));
+        svg.appendChild(el('rect', {x: lx, y: 8, width: 10, height: 10, fill: KINDS[k][0], class: 'kind-key'}));
+        svg.appendChild(el('text', {x: lx + 14, y: 17, class: 'kind-label'}, KINDS[k][1]));
+        lx += 24 + 7 * KINDS[k][1].length;
+      });
     }
     band(3, 4, '#1f77b4', 'total');
     band(1, 2, '#d62728', 'own');

@@ -42,6 +42,7 @@ def _device(d) -> dict:
         "phase_max": dict(d.phase_max),
         "kinds": dict(d.kinds) if d.kinds is not None else None,
         "kind_max": dict(d.kind_max),
+        "phase_kinds": dict(d.phase_kinds),
         "baseline_peak": d.baseline_peak,
         "baseline": d.baseline or None,
         "top": [{"file": t.get("file"), "line": t.get("line"), "function": t.get("function"),

@@ -33,7 +33,7 @@ _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
              "peak_with_kept", "kept", "first_use")
-_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kind_max")
+_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kind_max", "phase_kinds")
 _STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
@@ -61,6 +61,7 @@ class DeviceResult:
     phase_max: dict = field(default_factory=dict)   # the marker's phase budgets, as phases
     kinds: dict | None = None        # bytes live at the peak by kind (a test with phases), else None
     kind_max: dict = field(default_factory=dict)   # the marker's kind budgets: {"activations": bytes}
+    phase_kinds: dict = field(default_factory=dict)   # {"backward": kinds at that phase's peak}
     max: int | None = None
     max_total: int | None = None
     max_reserved: int | None = None
@@ -98,6 +99,7 @@ class DeviceResult:
             result.kept = figures.kept
             result.phases = {name: peak for name, (peak, _) in figures.phase_peaks.items()}
             result.kinds = figures.kinds
+            result.phase_kinds = dict(figures.phase_kinds)
             if sites and figures.attribution is not None and figures.peak:
                 from ..judging.site_changes import sites_at_peak
 
