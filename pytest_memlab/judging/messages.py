@@ -62,10 +62,10 @@ def kinds_lines(figures, kinds: dict | None = None, where: str = "the peak") -> 
     """What the bytes live at the own peak (or kinds, at where) were, by
     kind, heaviest first (a test with phases; measuring/memory_kinds.py):
     one line, wrapped."""
-    from ..measuring.memory_kinds import KIND_WORDS
+    from ..measuring.memory_kinds import KIND_WORDS, resolve
 
     if kinds is None:
-        kinds = getattr(figures, "kinds", None)
+        kinds = resolve(figures)
     total = sum(kinds.values()) if kinds else 0
     if not total:
         return []
@@ -119,6 +119,9 @@ def phase_budget_failure(exceeded, figures) -> str:
         lines.append(f"  live when the {phase} began (no allocation in it went higher)")
     every = ", ".join(f"{name} {format_size(peak)}" for name, (peak, _) in figures.phase_peaks.items())
     lines.append(f"  the phases' peaks: {every}; the test's own peak {format_size(figures.peak)}")
+    from ..measuring.memory_kinds import resolve
+
+    resolve(figures)
     phase_kinds = getattr(figures, "phase_kinds", {}).get(phase)
     if phase_kinds:
         lines += kinds_lines(figures, phase_kinds, f"the {phase}'s peak")
@@ -243,7 +246,9 @@ def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(
     if c.kind == "regressed":
         lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
         if not c.process:
-            lines += kind_changes(old_kinds, getattr(figures, "kinds", None))
+            from ..measuring.memory_kinds import resolve
+
+            lines += kind_changes(old_kinds, resolve(figures))
         if changes is None:
             lines.append("  (no line among the heaviest the baseline keeps changed: what grew is below them)")
         else:

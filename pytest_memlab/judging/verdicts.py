@@ -22,7 +22,7 @@ from .findings import Cache, Change, Exceeded, Growth
 from ..sizes import format_size
 from .site_changes import site_changes, sites_at_peak
 from ..engine.tracing import PHASE_NAMES
-from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS
+from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS, resolve
 from .messages import (baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report,
                        phase_budget_failure)
 
@@ -72,9 +72,9 @@ def exceeded(device: str, figures, spec) -> list[Exceeded]:
             out.append(Exceeded(device, f"{name} peak", phases[name][0], name, budget))
     # A kind's budget judges its bytes at the own peak (the kinds add up to
     # it), where the test had phases to tell them
-    kinds = getattr(figures, "kinds", None)
+    kinds = resolve(figures) if getattr(spec, "kind_max", ()) else None
     if kinds:
-        for key, budget in getattr(spec, "kind_max", ()):
+        for key, budget in spec.kind_max:
             value = kinds.get(KIND_BUDGETS[key], 0)
             if value > budget:
                 out.append(Exceeded(device, f"{KIND_WORDS[KIND_BUDGETS[key]]} at the peak", value, key, budget))
@@ -250,7 +250,7 @@ class Verdicts:
             by_walk = has_phase_budget(spec) or bool(spec.kind_max)
             if not final and by_walk:
                 figures = run.figures_now(device)   # the phases' peaks and the kinds come from the kept walk
-            if final and spec.kind_max and figures.measured and figures.kinds is None:
+            if final and spec.kind_max and figures.measured and resolve(figures) is None:
                 keys = ", ".join(f"{key}=" for key, _ in spec.kind_max)
                 notes.append(f"{device} {keys} not judged: no kinds at the peak "
                              f"({figures.kinds_note or 'no phase ran, or the tracer was off'})")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import weakref
 
 from ..engine.slots import slot_of
+from ..engine.tracing import PHASE_NAMES
 
 KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
 # How they read in a sentence ("at the peak, by kind: activations 640.3 MiB ...")
@@ -52,18 +53,27 @@ class KindWalk:
     """The tracer's phase hook during one measured test: at each boundary,
     the storages of the module's and the optimizer's tensors, with each
     device's event number.  Never raises into the test: trouble is kept in
-    ``error`` and the kinds are not given."""
+    ``error`` and the kinds are not given.
+
+    What it walks is what may be new since it last looked, so that a long
+    training loop pays per step for its gradients, not for its whole model
+    and state: a module's parameters and buffers at its first forward; the
+    gradients at each backward's end (through the optimizers' flat groups
+    where it knows one, else through the modules seen); an optimizer's
+    parameters at its first step, its gradients at a step no backward came
+    before, its state at a step's end while the state grows (Adam's is made
+    at the first step and then updated in place).  It holds the modules and
+    optimizers weakly: measuring keeps nothing alive."""
 
     def __init__(self, meters: dict):
-        # slot -> (meter, logging started here)
         self.meters = {meter.slot: meter for meter in meters.values()}
         self.started: set[int] = set()
-        self.modules: list = []          # weak references to the top-level modules seen
-        self._module_ids: set[int] = set()
-        self.optimizers: list = []
-        self._optimizer_ids: set[int] = set()
-        self.marks: dict = {}            # (slot, addr) -> [(seq, kind)]
+        self._modules: dict = {}        # id -> weak reference, top-level modules seen
+        self._optimizers: dict = {}     # id -> [weak reference, state entries noted]
+        self._backward_since_step = False
+        self.marks: dict = {}           # (slot, addr) -> [(seq, kind)]
         self.error = ""
+        self._slots: dict = {}          # torch.device -> slot (-1: not measured)
 
     def __call__(self, kind: int, subject, inputs=None) -> None:
         try:
@@ -74,27 +84,45 @@ class KindWalk:
     def _on(self, kind: int, subject, inputs) -> None:
         if not self.started:
             self._start_logs()
+        seqs: dict = {}   # slot -> its event number: nothing is allocated during a walk
         if kind == FORWARD:
             if inputs:
-                self._note_inputs(inputs)
-            if subject is not None and id(subject) not in self._module_ids:
-                self._module_ids.add(id(subject))
-                self.modules.append(weakref.ref(subject))
-                self._note_module(subject, grads=True)
+                self._note_inputs(inputs, seqs)
+            if subject is not None and _first_sight(self._modules, subject) is not None:
+                self._note_module(subject, seqs)
         elif kind == -BACKWARD:
-            for ref in self.modules:
-                module = ref()
-                if module is not None:
-                    self._note_module(module, grads=True, params=False)
-            for ref in self.optimizers:
-                optimizer = ref()
-                if optimizer is not None:
-                    self._note_optimizer(optimizer)
-        elif kind in (STEP, -STEP) and subject is not None:
-            if id(subject) not in self._optimizer_ids and hasattr(subject, "param_groups"):
-                self._optimizer_ids.add(id(subject))
-                self.optimizers.append(weakref.ref(subject))
-            self._note_optimizer(subject)
+            self._backward_since_step = True
+            optimizers = [entry[0]() for entry in self._optimizers.values()]
+            optimizers = [o for o in optimizers if o is not None]
+            if optimizers:
+                for optimizer in optimizers:
+                    self._note_grads(optimizer, seqs)
+            else:
+                for ref in self._modules.values():
+                    module = ref()
+                    if module is not None:
+                        for p in module.parameters():
+                            self._note(p.grad, "gradient", seqs)
+        elif kind == STEP and subject is not None and hasattr(subject, "param_groups"):
+            if _first_sight(self._optimizers, subject) is not None:
+                self._optimizers[id(subject)] = [self._optimizers[id(subject)], -1]
+                for group in subject.param_groups:
+                    for p in group.get("params", ()):
+                        self._note(p, "parameter", seqs)
+                self._note_grads(subject, seqs)
+            elif not self._backward_since_step:
+                self._note_grads(subject, seqs)
+            self._backward_since_step = False
+        elif kind == -STEP and subject is not None and id(subject) in self._optimizers:
+            entry = self._optimizers[id(subject)]
+            state = getattr(subject, "state", {})
+            if len(state) != entry[1]:
+                entry[1] = len(state)
+                for values in state.values():
+                    if isinstance(values, dict):
+                        for value in values.values():
+                            if hasattr(value, "untyped_storage"):
+                                self._note(value, "optimizer_state", seqs)
 
     def _start_logs(self) -> None:
         for slot, meter in self.meters.items():
@@ -105,27 +133,30 @@ class KindWalk:
     def _note(self, tensor, kind: str, seqs: dict) -> None:
         if tensor is None or getattr(tensor, "is_meta", False):
             return
+        device = tensor.device
+        slot = self._slots.get(device)
+        if slot is None:
+            name = "cpu" if device.type == "cpu" else (f"cuda:{device.index}" if device.type == "cuda" else "")
+            try:
+                slot = slot_of(name) if name else -1
+            except (ValueError, IndexError):
+                slot = -1
+            self._slots[device] = slot if slot in self.meters else -1
+            slot = self._slots[device]
+        if slot < 0:
+            return
         try:
             addr = tensor.untyped_storage().data_ptr()
         except Exception:   # a tensor without storage (a subclass, a functional tensor)
             return
         if not addr:
             return
-        slot = seqs.get(tensor.device)
-        if slot is None:
-            device = tensor.device
-            name = "cpu" if device.type == "cpu" else (f"cuda:{device.index}" if device.type == "cuda" else "")
-            try:
-                slot = slot_of(name) if name else -1
-            except (ValueError, IndexError):
-                slot = -1
-            seqs[device] = slot
-        meter = self.meters.get(slot)
-        if meter is not None:
-            self.marks.setdefault((slot, addr), []).append((meter.seq(), kind))
+        seq = seqs.get(slot)
+        if seq is None:
+            seq = seqs[slot] = self.meters[slot].seq()
+        self.marks.setdefault((slot, addr), []).append((seq, kind))
 
-    def _note_inputs(self, inputs) -> None:
-        seqs: dict = {}
+    def _note_inputs(self, inputs, seqs: dict) -> None:
         for value in inputs:
             if isinstance(value, (list, tuple)):
                 items = value
@@ -137,30 +168,86 @@ class KindWalk:
                 if hasattr(item, "untyped_storage"):
                     self._note(item, "input", seqs)
 
-    def _note_module(self, module, grads: bool, params: bool = True) -> None:
-        seqs: dict = {}
+    def _note_module(self, module, seqs: dict) -> None:
         note = self._note
         for p in module.parameters():
-            if params:
-                note(p, "parameter", seqs)
-            if grads:
-                note(p.grad, "gradient", seqs)
-        if params:
-            for b in module.buffers():
-                note(b, "buffer", seqs)
+            note(p, "parameter", seqs)
+            note(p.grad, "gradient", seqs)
+        for b in module.buffers():
+            note(b, "buffer", seqs)
 
-    def _note_optimizer(self, optimizer) -> None:
-        seqs: dict = {}
-        note = self._note
-        for group in getattr(optimizer, "param_groups", ()):
+    def _note_grads(self, optimizer, seqs: dict) -> None:
+        """Every .grad of optimizer's parameters: the walk of every step,
+        so the loop is _note's, inlined (about 0.5 us a gradient)."""
+        marks, slots = self.marks, self._slots
+        for group in optimizer.param_groups:
             for p in group.get("params", ()):
-                note(p, "parameter", seqs)
-                note(p.grad, "gradient", seqs)
-        for state in getattr(optimizer, "state", {}).values():
-            if isinstance(state, dict):
-                for value in state.values():
-                    if hasattr(value, "untyped_storage"):
-                        note(value, "optimizer_state", seqs)
+                g = p.grad
+                if g is None:
+                    continue
+                slot = slots.get(g.device)
+                if slot is None or g.is_meta:
+                    self._note(g, "gradient", seqs)   # a device seen first, or no storage: the long way
+                    continue
+                if slot < 0:
+                    continue
+                try:
+                    addr = g.untyped_storage().data_ptr()
+                except Exception:
+                    continue
+                seq = seqs.get(slot)
+                if seq is None:
+                    seq = seqs[slot] = self.meters[slot].seq()
+                mark = marks.get((slot, addr))
+                if mark is None:
+                    marks[(slot, addr)] = [(seq, "gradient")]
+                else:
+                    mark.append((seq, "gradient"))
+
+
+def _first_sight(seen: dict, obj):
+    """Records obj (weakly) in seen, keyed by its id; returns the new
+    weak reference the first time, None after (an id that a freed object
+    had, taken by a new one, is a first sight)."""
+    ref = seen.get(id(obj))
+    if ref is not None:
+        ref = ref[0] if isinstance(ref, list) else ref
+        if ref() is obj:
+            return None
+    ref = seen[id(obj)] = weakref.ref(obj)
+    return ref
+
+
+def defer(figures, walk, slot: int, entries: list, dropped: int, phases: list, kept) -> None:
+    """Keeps what figures' kinds are made of (the walk's findings, the
+    allocation log, the phase log, what the test kept) for resolve: the
+    classification is Python over every event of the log, paid only where
+    a failure, a report, a baseline or a kind's budget reads the kinds."""
+    figures.kinds, figures.kinds_note, figures.phase_kinds = None, "", {}
+    figures.kinds_pending = (walk.error, slot, walk.marks, entries, dropped, phases, kept)
+
+
+def resolve(figures) -> dict | None:
+    """figures' bytes at the own peak by kind (and each phase's, and the
+    blocks for the timeline), made the first time they are asked for."""
+    pending = getattr(figures, "kinds_pending", None)
+    if pending is None:
+        return getattr(figures, "kinds", None)
+    figures.kinds_pending = None
+    error, slot, marks, entries, dropped, phases, kept = pending
+    if error:
+        figures.kinds_note = f"the walk at a phase's boundary failed: {error}"
+        return None
+    try:
+        spans = phase_spans(phases, slot)
+        lives = classify(entries, spans, marks, slot, kept.blocks)
+        figures.kinds, figures.kinds_note = kinds_at_peak(lives, dropped, spans, kept.seq, figures.peak)
+        if figures.kinds is not None:
+            figures.kind_lives = (lives, entries[0][4] if entries else 0)
+            figures.phase_kinds = kinds_at_phase_peaks(lives, spans, figures.phase_peaks, PHASE_NAMES)
+    except Exception as exc:  # memlab's trouble, never the test's
+        figures.kinds, figures.kinds_note = None, f"{type(exc).__name__}: {exc}"
+    return figures.kinds
 
 
 def phase_spans(phases: list, slot: int) -> list[tuple[int, int, int]]:

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from ..children.gathering import ChildWatch, StartupHookMissing
 from ..devices import default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
-from ..engine.tracing import PHASE_NAMES, tracing
+from ..engine.tracing import tracing
 from ..engine.meters import EngineMeter, leave_out_kept, make_meter
 from ..judging.messages import leak_report
 from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
 from .measurement import Measurement
-from .memory_kinds import KindWalk, classify, kinds_at_peak, kinds_at_phase_peaks, kinds_over_time, phase_spans
+from .memory_kinds import KindWalk, defer, kinds_over_time, resolve
 from .out_of_memory import cpu_failure_count, cpu_moment, explain
 
 
@@ -288,15 +288,7 @@ class TestRun:
 
     @staticmethod
     def _device_kinds(walk: KindWalk, meter, figures, kept, entries: list, dropped: int, phases: list) -> None:
-        if walk.error:
-            figures.kinds, figures.kinds_note = None, f"the walk at a phase's boundary failed: {walk.error}"
-            return
-        spans = phase_spans(phases, meter.slot)
-        lives = classify(entries, spans, walk.marks, meter.slot, kept.blocks)
-        figures.kinds, figures.kinds_note = kinds_at_peak(lives, dropped, spans, kept.seq, figures.peak)
-        if figures.kinds is not None:   # for the reports' timeline, until the result is made
-            figures.kind_lives = (lives, entries[0][4] if entries else 0)
-            figures.phase_kinds = kinds_at_phase_peaks(lives, spans, figures.phase_peaks, PHASE_NAMES)
+        defer(figures, walk, meter.slot, entries, dropped, phases, kept)
 
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
@@ -420,7 +412,7 @@ class TestRun:
                 d.baseline = "new"
             if detail and figures.measured:
                 d.detail = self._detail(device, figures, top)
-            figures.kind_lives = None   # every block of the test: not kept past its result
+            figures.kind_lives = figures.kinds_pending = None   # every block of the test: not kept past its result
         return result
 
     def _detail(self, device: str, figures, top: int) -> dict:
@@ -442,6 +434,7 @@ class TestRun:
             peak_line = str(chain[0]) if chain else None
         leak = self.leaks.get(device)
         kinds = None
+        resolve(figures)
         if figures.kind_lives is not None and points:
             lives, since = figures.kind_lives
             kinds = kinds_over_time(lives, [p[0] for p in points], since)

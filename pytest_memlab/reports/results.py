@@ -98,6 +98,10 @@ class DeviceResult:
             result.peak_with_kept = figures.peak_with_kept
             result.kept = figures.kept
             result.phases = {name: peak for name, (peak, _) in figures.phase_peaks.items()}
+            if sites:   # a report or a baseline keeps them: made now (memory_kinds.resolve)
+                from ..measuring.memory_kinds import resolve
+
+                resolve(figures)
             result.kinds = figures.kinds
             result.phase_kinds = dict(figures.phase_kinds)
             if sites and figures.attribution is not None and figures.peak:
