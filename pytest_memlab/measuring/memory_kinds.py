@@ -24,6 +24,7 @@ kind, so the kinds add up to the own peak, exactly.
 
 from __future__ import annotations
 
+import bisect
 import weakref
 
 from ..engine.slots import slot_of
@@ -273,6 +274,7 @@ def classify(entries: list, spans: list, marks: dict, slot: int, kept_blocks: li
     size, seq, site)) tell of: (size, allocated seq or -1 before the log,
     freed seq or never, kind, kept)."""
     kept = {(addr, seq) for addr, _size, seq, _site in kept_blocks}
+    made_in = _Innermost(spans)
     born: dict[int, tuple[int, int]] = {}   # addr -> (seq, size), open blocks
     lives = []                               # (addr, size, allocated, freed)
     for addr, size, _time, _site, seq, counts in entries:
@@ -285,15 +287,15 @@ def classify(entries: list, spans: list, marks: dict, slot: int, kept_blocks: li
         elif counts:
             a, _s = born.pop(addr, (-1, 0))
             lives.append((addr, -size, a, seq))
-    out = [(size, a, f, _kind(addr, a, f, spans, marks.get((slot, addr))), False) for addr, size, a, f in lives]
+    out = [(size, a, f, _kind(a, f, made_in, marks.get((slot, addr))), False) for addr, size, a, f in lives]
     logged = set()
     for addr, (a, size) in born.items():
         logged.add((addr, a))
-        out.append((size, a, NEVER, _kind(addr, a, NEVER, spans, marks.get((slot, addr))), (addr, a) in kept))
+        out.append((size, a, NEVER, _kind(a, NEVER, made_in, marks.get((slot, addr))), (addr, a) in kept))
     first = entries[0][4] if entries else NEVER
     for addr, size, a, _site in kept_blocks:   # kept, made before the log began
         if (addr, a) not in logged and a < first:
-            out.append((size, a, NEVER, _kind(addr, a, NEVER, spans, marks.get((slot, addr))), True))
+            out.append((size, a, NEVER, _kind(a, NEVER, made_in, marks.get((slot, addr))), True))
     return out
 
 
@@ -371,17 +373,43 @@ def kinds_over_time(lives: list, seqs: list, since: int) -> dict:
     return {kind: values for kind, values in series.items() if any(values)}
 
 
-def _kind(addr: int, a: int, f: int, spans: list, marks: list | None) -> str:
+class _Innermost:
+    """The innermost phase running at an event: spans sorted by start, each
+    with the span enclosing it (phases nest: a closure's forward inside an
+    optimizer's step), so a lookup is a bisection and a short climb, not a
+    pass over every span of a long training test."""
+
+    def __init__(self, spans: list):
+        self.spans = spans
+        self.starts = [span[1] for span in spans]
+        self.parent = []
+        stack: list[int] = []
+        for i, (_kind, start, _end) in enumerate(spans):
+            while stack and spans[stack[-1]][2] < start:
+                stack.pop()
+            self.parent.append(stack[-1] if stack else -1)
+            stack.append(i)
+
+    def at(self, a: int):
+        """The span running when event a happened (start < a <= end), or None."""
+        i = bisect.bisect_left(self.starts, a) - 1
+        while i >= 0 and self.spans[i][2] < a:
+            i = self.parent[i]
+        return self.spans[i] if i >= 0 else None
+
+
+def _kind(a: int, f: int, made_in: _Innermost, marks: list | None) -> str:
     if marks:
-        found = [kind for seq, kind in marks if a <= seq < f]
+        # marks come in event order: the first one at or after a, while before f
+        found, i = [], bisect.bisect_left(marks, (a, ""))
+        while i < len(marks) and marks[i][0] < f:
+            found.append(marks[i][1])
+            i += 1
         if found:
             return min(found, key=_RANK.__getitem__)
-    made_in = None
-    for span in spans:   # the innermost phase running when it was made
-        if span[1] < a <= span[2]:
-            made_in = span
-    if made_in is not None:
-        kind, _start, end = made_in
+    span = made_in.at(a)
+    if span is not None:
+        kind, _start, end = span
         if f <= end:
             return "temporary"
         return "activation" if kind == FORWARD else "other"
