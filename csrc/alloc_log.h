@@ -2,9 +2,9 @@
  * memory_viz snapshot (--memlab-snapshot) and for the memory by kind of a
  * test with phases (from its first phase on): each with its address, size,
  * time, the device's event number and the site (user call chain) that
- * allocated it.  Kept only when one of those asks; bounded (past max entries they are counted, not
- * kept).  Appended under the device's lock; the array grows by doubling
- * through malloc (never through torch).
+ * allocated it.  Kept only when one of those asks; bounded (past max
+ * entries they are counted, not kept).  Appended under the device's lock;
+ * the array grows by doubling through malloc (never through torch).
  */
 #ifndef MEMLAB_ALLOC_LOG_H
 #define MEMLAB_ALLOC_LOG_H

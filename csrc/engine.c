@@ -170,21 +170,20 @@ Engine_current_reserved(Engine *self, int slot)
     return d == NULL ? 0 : Device_reserved(d);
 }
 
-/* Whether block b counts for the scope whose kept blocks the device follows
- * (allocated while it was open, not cut off by a detached scope). */
-static inline int
-Device_follows(const Device *d, const Block *b)
-{
-    return b->kept != 0 && d->kept.scope != 0 && b->scope >= d->kept.scope
-           && b->floor <= d->kept.scope;
-}
-
 /* Whether block b counts for scope id (0: none): allocated while it was
  * open, not cut off by a detached scope (scope.h). */
 static inline int
 Block_counts_for(const Block *b, uint32_t id)
 {
     return id != 0 && b->floor <= id && id <= b->scope;
+}
+
+/* Whether block b counts for the scope whose kept blocks the device follows
+ * (allocated while it was open, not cut off by a detached scope). */
+static inline int
+Device_follows(const Device *d, const Block *b)
+{
+    return b->kept != 0 && Block_counts_for(b, d->kept.scope);
 }
 
 /* A block we still hold came back from the allocator: its free happened on a

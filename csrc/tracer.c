@@ -153,9 +153,10 @@ publish_phases(ShadowStack *t)
 
 /* The phase hook (memory by kind: a walk of the module's or optimizer's
  * tensors at the boundary) with kind, negated at the phase's end, its
- * subject and a forward's positional arguments.  Called where the scope decision is: in a callback, whose own
- * frames are not traced; what the hook raises waits for the next API call,
- * and an exception being propagated through the phase's frame is kept. */
+ * subject and a forward's positional arguments.  Called where the scope
+ * decision is: in a callback, whose own frames are not traced; what the
+ * hook raises waits for the next API call, and an exception being
+ * propagated through the phase's frame is kept. */
 static void
 call_phase_hook(int kind, PyObject *subject, PyObject *inputs)
 {
@@ -169,7 +170,8 @@ call_phase_hook(int kind, PyObject *subject, PyObject *inputs)
     PyErr_Fetch(&type, &value, &tb);
 #endif
     Py_INCREF(hook);
-    PyObject *r = PyObject_CallFunction(hook, "iOO", kind, subject != NULL ? subject : Py_None,
+    PyObject *r = PyObject_CallFunction(hook, "iOO", kind,
+                                        subject != NULL ? subject : Py_None,
                                         inputs != NULL ? inputs : Py_None);
     Py_DECREF(hook);
     if (r == NULL)

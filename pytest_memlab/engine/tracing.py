@@ -253,9 +253,10 @@ class Tracing:
 
     @staticmethod
     def phase_hook(hook) -> None:
-        """hook(kind, subject) at each phase's start (kind) and end (-kind)
-        on the measuring thread, subject its module or optimizer (or
-        None); None: no hook."""
+        """hook(kind, subject, inputs) at each phase's start (kind) and end
+        (-kind) on the measuring thread, subject its module or optimizer
+        (or None), inputs a forward's positional arguments (or None); None:
+        no hook."""
         engine.tracer_phase_hook(hook)
 
     @staticmethod

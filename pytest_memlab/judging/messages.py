@@ -5,6 +5,7 @@ warning texts, diagnosis first.  The terminal summary is
 from __future__ import annotations
 
 from ..engine.attribution import Frame, SiteBytes, chain_of
+from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS, resolve
 from ..sizes import format_size, plural
 
 
@@ -62,8 +63,6 @@ def kinds_lines(figures, kinds: dict | None = None, where: str = "the peak") -> 
     """What the bytes live at the own peak (or kinds, at where) were, by
     kind, heaviest first (a test with phases; measuring/memory_kinds.py):
     one line, wrapped."""
-    from ..measuring.memory_kinds import KIND_WORDS, resolve
-
     if kinds is None:
         kinds = resolve(figures)
     total = sum(kinds.values()) if kinds else 0
@@ -88,8 +87,6 @@ def kinds_lines(figures, kinds: dict | None = None, where: str = "the peak") -> 
 def budget_failure(exceeded, figures, top: int = 5, context: str = "") -> str:
     """A budget failure, shortest first: the figure, the budget and the
     excess; then where the own peak was reached and what was live then."""
-    from ..measuring.memory_kinds import KIND_BUDGETS
-
     e = exceeded
     by_kind = e.budget_name in KIND_BUDGETS
     budget = f"{e.budget_name}={format_size(e.budget)}" if by_kind else f"{e.budget_name} {format_size(e.budget)}"
@@ -119,8 +116,6 @@ def phase_budget_failure(exceeded, figures) -> str:
         lines.append(f"  live when the {phase} began (no allocation in it went higher)")
     every = ", ".join(f"{name} {format_size(peak)}" for name, (peak, _) in figures.phase_peaks.items())
     lines.append(f"  the phases' peaks: {every}; the test's own peak {format_size(figures.peak)}")
-    from ..measuring.memory_kinds import resolve
-
     resolve(figures)
     phase_kinds = getattr(figures, "phase_kinds", {}).get(phase)
     if phase_kinds:
@@ -221,8 +216,6 @@ def kind_changes(old: dict | None, new: dict | None) -> list[str]:
     """Which kinds of the bytes at the own peak changed against the
     baseline's, largest growth first: one line, or none where either side
     has no kinds."""
-    from ..measuring.memory_kinds import KIND_WORDS
-
     if not old or not new:
         return []
     moved = [(new.get(k, 0) - old.get(k, 0), k) for k in KIND_WORDS if new.get(k, 0) != old.get(k, 0)]
@@ -246,8 +239,6 @@ def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(
     if c.kind == "regressed":
         lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
         if not c.process:
-            from ..measuring.memory_kinds import resolve
-
             lines += kind_changes(old_kinds, resolve(figures))
         if changes is None:
             lines.append("  (no line among the heaviest the baseline keeps changed: what grew is below them)")

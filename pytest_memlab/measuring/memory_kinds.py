@@ -70,7 +70,8 @@ class KindWalk:
         self.meters = {meter.slot: meter for meter in meters.values()}
         self.started: set[int] = set()
         self._modules: dict = {}        # id -> weak reference, top-level modules seen
-        self._optimizers: dict = {}     # id -> [weak reference, state entries noted]
+        self._optimizers: dict = {}     # id -> weak reference, optimizers seen
+        self._state_noted: dict = {}    # optimizer's id -> its state entries when last noted
         self._backward_since_step = False
         self.marks: dict = {}           # (slot, addr) -> [(seq, kind)]
         self.error = ""
@@ -93,8 +94,7 @@ class KindWalk:
                 self._note_module(subject, seqs)
         elif kind == -BACKWARD:
             self._backward_since_step = True
-            optimizers = [entry[0]() for entry in self._optimizers.values()]
-            optimizers = [o for o in optimizers if o is not None]
+            optimizers = [o for o in (ref() for ref in self._optimizers.values()) if o is not None]
             if optimizers:
                 for optimizer in optimizers:
                     self._note_grads(optimizer, seqs)
@@ -106,7 +106,7 @@ class KindWalk:
                             self._note(p.grad, "gradient", seqs)
         elif kind == STEP and subject is not None and hasattr(subject, "param_groups"):
             if _first_sight(self._optimizers, subject) is not None:
-                self._optimizers[id(subject)] = [self._optimizers[id(subject)], -1]
+                self._state_noted[id(subject)] = -1
                 for group in subject.param_groups:
                     for p in group.get("params", ()):
                         self._note(p, "parameter", seqs)
@@ -114,11 +114,10 @@ class KindWalk:
             elif not self._backward_since_step:
                 self._note_grads(subject, seqs)
             self._backward_since_step = False
-        elif kind == -STEP and subject is not None and id(subject) in self._optimizers:
-            entry = self._optimizers[id(subject)]
+        elif kind == -STEP and subject is not None and id(subject) in self._state_noted:
             state = getattr(subject, "state", {})
-            if len(state) != entry[1]:
-                entry[1] = len(state)
+            if len(state) != self._state_noted[id(subject)]:
+                self._state_noted[id(subject)] = len(state)
                 for values in state.values():
                     if isinstance(values, dict):
                         for value in values.values():
@@ -132,19 +131,15 @@ class KindWalk:
             self.started.add(slot)
 
     def _note(self, tensor, kind: str, seqs: dict) -> None:
-        if tensor is None or getattr(tensor, "is_meta", False):
+        """Notes tensor's storage as kind, with its device's event number
+        now (seqs: those the walk read already).  Run for every gradient of
+        every step: the common path is a few lookups."""
+        if tensor is None:
             return
-        device = tensor.device
-        slot = self._slots.get(device)
+        slot = self._slots.get(tensor.device)
         if slot is None:
-            name = "cpu" if device.type == "cpu" else (f"cuda:{device.index}" if device.type == "cuda" else "")
-            try:
-                slot = slot_of(name) if name else -1
-            except (ValueError, IndexError):
-                slot = -1
-            self._slots[device] = slot if slot in self.meters else -1
-            slot = self._slots[device]
-        if slot < 0:
+            slot = self._slot_of(tensor.device)
+        if slot < 0 or getattr(tensor, "is_meta", False):
             return
         try:
             addr = tensor.untyped_storage().data_ptr()
@@ -155,7 +150,21 @@ class KindWalk:
         seq = seqs.get(slot)
         if seq is None:
             seq = seqs[slot] = self.meters[slot].seq()
-        self.marks.setdefault((slot, addr), []).append((seq, kind))
+        mark = self.marks.get((slot, addr))
+        if mark is None:
+            self.marks[(slot, addr)] = [(seq, kind)]
+        else:
+            mark.append((seq, kind))
+
+    def _slot_of(self, device) -> int:
+        """The slot of a device first seen, -1 where it is not measured."""
+        name = "cpu" if device.type == "cpu" else (f"cuda:{device.index}" if device.type == "cuda" else "")
+        try:
+            slot = slot_of(name) if name else -1
+        except (ValueError, IndexError):
+            slot = -1
+        slot = self._slots[device] = slot if slot in self.meters else -1
+        return slot
 
     def _note_inputs(self, inputs, seqs: dict) -> None:
         for value in inputs:
@@ -178,32 +187,10 @@ class KindWalk:
             note(b, "buffer", seqs)
 
     def _note_grads(self, optimizer, seqs: dict) -> None:
-        """Every .grad of optimizer's parameters: the walk of every step,
-        so the loop is _note's, inlined (about 0.5 us a gradient)."""
-        marks, slots = self.marks, self._slots
+        note = self._note
         for group in optimizer.param_groups:
             for p in group.get("params", ()):
-                g = p.grad
-                if g is None:
-                    continue
-                slot = slots.get(g.device)
-                if slot is None or g.is_meta:
-                    self._note(g, "gradient", seqs)   # a device seen first, or no storage: the long way
-                    continue
-                if slot < 0:
-                    continue
-                try:
-                    addr = g.untyped_storage().data_ptr()
-                except Exception:
-                    continue
-                seq = seqs.get(slot)
-                if seq is None:
-                    seq = seqs[slot] = self.meters[slot].seq()
-                mark = marks.get((slot, addr))
-                if mark is None:
-                    marks[(slot, addr)] = [(seq, "gradient")]
-                else:
-                    mark.append((seq, "gradient"))
+                note(p.grad, "gradient", seqs)
 
 
 def _first_sight(seen: dict, obj):
@@ -211,15 +198,13 @@ def _first_sight(seen: dict, obj):
     weak reference the first time, None after (an id that a freed object
     had, taken by a new one, is a first sight)."""
     ref = seen.get(id(obj))
-    if ref is not None:
-        ref = ref[0] if isinstance(ref, list) else ref
-        if ref() is obj:
-            return None
+    if ref is not None and ref() is obj:
+        return None
     ref = seen[id(obj)] = weakref.ref(obj)
     return ref
 
 
-def defer(figures, walk, slot: int, entries: list, dropped: int, phases: list, kept) -> None:
+def defer(figures, walk, slot: int, kept, entries: list, dropped: int, phases: list) -> None:
     """Keeps what figures' kinds are made of (the walk's findings, the
     allocation log, the phase log, what the test kept) for resolve: the
     classification is Python over every event of the log, paid only where

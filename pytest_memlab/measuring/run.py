@@ -247,8 +247,7 @@ class TestRun:
                 walk = self.kind_walk
                 if walk is not None and meter.slot in walk.started:
                     try:
-                        self._device_kinds(walk, meter, figures, kept, *meter.take_alloc_log(keep=True),
-                                           tracing.phases())
+                        defer(figures, walk, meter.slot, kept, *meter.take_alloc_log(keep=True), tracing.phases())
                     except Exception as exc:  # memlab's trouble, never the test's
                         figures.kinds, figures.kinds_note = None, f"{type(exc).__name__}: {exc}"
         return figures
@@ -284,11 +283,7 @@ class TestRun:
             else:
                 entries, dropped = meter.take_alloc_log()
             if figures is not None and figures.measured and device in kept:
-                self._device_kinds(walk, meter, figures, kept[device], entries, dropped, phases)
-
-    @staticmethod
-    def _device_kinds(walk: KindWalk, meter, figures, kept, entries: list, dropped: int, phases: list) -> None:
-        defer(figures, walk, meter.slot, entries, dropped, phases, kept)
+                defer(figures, walk, meter.slot, kept[device], entries, dropped, phases)
 
     # -- closing -------------------------------------------------------------------
     def end(self, item, allowed: dict[str, int], top: int) -> None:
