@@ -10,6 +10,9 @@ would not be unmeasured):
   unmeasured        plain torch
   memlab            a test's measurement: bridge reporter, CUDA trace tracker,
                     and line attribution (the C tracer on the loop's code)
+  memlab-kinds      memlab with memory by kind as a measured test has it:
+                    the walk at each phase's boundary, the allocation log,
+                    and the classification at the end (as a report reads it)
   memlab-notracker  the same with MEMLAB_CUDA_TRACKER=0
   memlab-nolines    memlab without line attribution
   and, on the transformer loop, the peers:
@@ -31,7 +34,7 @@ import sys
 import time
 
 CONFIGS = {
-    "transformer": ("unmeasured", "memlab", "memlab-notracker", "memlab-nolines",
+    "transformer": ("unmeasured", "memlab", "memlab-kinds", "memlab-notracker", "memlab-nolines",
                     "pytorch_memlab", "memory-history", "torch-profiler"),
     "launch": ("unmeasured", "memlab", "memlab-notracker", "memlab-nolines"),
 }
@@ -43,7 +46,9 @@ def worker(workload: str, config: str, reps: int) -> None:
     import torch
 
     torch.manual_seed(0)
-    dev = "cuda"
+    dev = os.environ.get("BENCH_DEVICE", "cuda")   # cpu: to try the bench here
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    where = "cuda:0" if dev == "cuda" else "cpu"
     if workload == "transformer":
         layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, batch_first=True)
         model = torch.nn.TransformerEncoder(layer, num_layers=4).to(dev)
@@ -63,11 +68,13 @@ def worker(workload: str, config: str, reps: int) -> None:
 
     def plain():
         run()
-        torch.cuda.synchronize()
+        sync()
 
     once = plain
     if config.startswith("memlab"):
         from pytest_memlab.engine.backend import core
+        from pytest_memlab.engine.meters import EngineMeter, leave_out_kept
+        from pytest_memlab.measuring.memory_kinds import KindWalk, defer, resolve
         from pytest_memlab.engine.tracing import tracing
         from pytest_memlab.measuring.measurement import Measurement
 
@@ -76,15 +83,28 @@ def worker(workload: str, config: str, reps: int) -> None:
         tracing.scope.configure(ROOT)  # this file is the user's code
 
         def once():
-            m = Measurement(c, ["cuda:0"], trace=config != "memlab-nolines", timeline=True)  # as the plugin
+            m = Measurement(c, [where], trace=config != "memlab-nolines", timeline=True)  # as the plugin
             m.begin()
+            walk = None
+            if config == "memlab-kinds":   # as TestRun.begin and end
+                walk = KindWalk({d: mt for d, mt in m.meters.items() if mt.__class__ is EngineMeter})
+                tracing.phase_hook(walk)
             try:
-                plain()
+                with m.window():   # before 3.12, the tracer runs only in such windows
+                    plain()
             finally:
+                if walk is not None:
+                    tracing.phase_hook(None)
+                    kept = {d: mt.kept() for d, mt in m.meters.items()}
                 figures = m.end()
-            assert figures["cuda:0"].peak > 0
+            if walk is not None:
+                for d, mt in m.meters.items():
+                    leave_out_kept(figures[d], kept[d])
+                    defer(figures[d], walk, mt.slot, kept[d], *mt.take_alloc_log(), tracing.phases())
+                    assert resolve(figures[d]) is not None, figures[d].kinds_note
+            assert figures[where].peak > 0
             if config != "memlab-nolines":
-                assert figures["cuda:0"].attribution.at_peak, "no line attribution"
+                assert figures[where].attribution.at_peak, "no line attribution"
     elif config == "pytorch_memlab":
         from pytorch_memlab import LineProfiler
 
@@ -108,7 +128,7 @@ def worker(workload: str, config: str, reps: int) -> None:
         once()
     times = []
     for _ in range(reps):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         once()
         times.append(time.perf_counter() - t0)
@@ -158,8 +178,8 @@ def main() -> int:
                 lines.append(f"| {workload} | {config} | not run: {failed[workload][config]} | | |")
                 continue
             t = statistics.median(results[workload][config])
-            goal = f"<= {target:.2f}x" if config == "memlab" else ""
-            if config == "memlab":
+            goal = f"<= {target:.2f}x" if config in ("memlab", "memlab-kinds") else ""
+            if goal:
                 ok &= t / base <= target
             lines.append(f"| {workload} | {config} | {t:.4f} | {t / base:.3f}x | {goal} |")
     table = "\n".join(lines)

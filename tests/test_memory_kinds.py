@@ -9,10 +9,11 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import requires_torch
+from conftest import requires_cuda, requires_torch
 
 pytestmark = requires_torch
 
@@ -324,3 +325,42 @@ def test_two_steps():
     top = max(phase_kinds["backward"], key=phase_kinds["backward"].get)
     assert top == "parameter"
     result.stdout.fnmatch_lines([f"  at the backward's peak, by kind: parameters {format_size(params)} (*%), *"])
+
+
+def _timm() -> bool:
+    try:
+        import timm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@requires_cuda
+@pytest.mark.skipif(not _timm(), reason="needs timm")
+def test_the_kinds_of_timms_models_on_cuda_are_the_tensors_and_agree_with_torchs_profiler(tmp_path):
+    """resnet18 and ViT-tiny, two Adam steps at batch 32 (the issue's):
+    bench/bench_kinds.py runs each measured through the plugin and under
+    torch's profiler, in fresh processes."""
+    bench = Path(__file__).resolve().parent.parent / "bench" / "bench_kinds.py"
+    out = tmp_path / "kinds.json"
+    proc = subprocess.run([sys.executable, str(bench), "--device", "cuda", "--rounds", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for res in json.loads(out.read_text()):
+        entry, hand, prof = res["memlab"], res["hand"], res["profiler"]
+        kinds = entry["kinds"]
+        assert kinds is not None, (res["model"], entry)
+        # the kinds add up to the own peak; the total peak is torch's
+        assert sum(kinds.values()) == entry["peak"] == res["max_allocated"] - res["allocated_before"]
+        assert entry["peak_total"] == res["max_allocated"]
+        # the facts, by hand from the shapes: every parameter; the input batch
+        assert kinds["parameter"] == hand["parameter"]
+        assert kinds["input"] == 32 * 3 * 224 * 224 * 4
+        # at the step's peak every gradient and all of Adam's state are live
+        step = entry["phase_kinds"]["step"]
+        assert (step["parameter"], step["gradient"], step["optimizer_state"]) == (
+            hand["parameter"], hand["gradient"], hand["optimizer_state"]), res["model"]
+        assert hand["optimizer_state"] == 2 * hand["parameter"]
+        # the profiler's gradients at its peak (the same moment: the same peak)
+        assert prof["total"] == entry["peak"]
+        assert kinds["gradient"] == prof["categories"]["gradient"], res["model"]

@@ -1,0 +1,302 @@
+"""Memory by kind against torch's profiler, and what each costs, on the
+same training steps (issue 34).
+
+For each model: build it, Adam, two steps of cross-entropy on a random
+batch (timm's models: batch 32, 3x224x224; "mlp": 512-2048-2048-10 on
+1024x512), all inside one test.  Each configuration runs in a fresh
+process after the same warm-up at import (one step of another instance:
+kernels, cuDNN's and cuBLAS's workspaces come before anything measured):
+  unmeasured  pytest -p no:memlab
+  memlab      pytest --memlab --memlab-report=json (kinds classified: the
+              report reads them)
+  profiled    torch.profiler (memory, shapes, stacks) around the same build
+              and steps, and its memory timeline; the same process first
+              times them plain, side by side
+Reports per model: memlab's kinds at the own peak and torch's categories
+at its timeline's peak, byte for byte; the parameters, gradients and
+Adam's state by hand from the tensors' shapes against memlab's kinds at
+the step's peak (every gradient and all state live there); the total peak
+against max_memory_allocated; and the time of the build and steps inside
+the test, measured against unmeasured, beside the profiler's against
+plain.
+
+    python bench/bench_kinds.py [--device cuda] [--models resnet18,vit_tiny_patch16_224]
+                                [--rounds N] [--json FILE] [--out FILE]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 2**20
+
+STEPS = '''
+import os, time
+import torch
+import torch.nn.functional as F
+
+NAME = os.environ["KINDS_MODEL"]
+DEVICE = os.environ["KINDS_DEVICE"]
+
+
+def sync():
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def build():
+    torch.manual_seed(0)
+    if NAME == "mlp":
+        model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                                    torch.nn.ReLU(), torch.nn.Linear(2048, 10)).to(DEVICE)
+        x, y = torch.randn(1024, 512, device=DEVICE), torch.randint(0, 10, (1024,), device=DEVICE)
+    else:
+        import timm
+        model = timm.create_model(NAME, pretrained=False).to(DEVICE)
+        x, y = torch.randn(32, 3, 224, 224, device=DEVICE), torch.randint(0, 1000, (32,), device=DEVICE)
+    return model, torch.optim.Adam(model.parameters()), x, y
+
+
+def two_steps(model, opt, x, y):
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+
+def by_hand(model, opt):
+    """Bytes from the tensors' shapes: parameters, their gradients, and
+    Adam's state on the device (its step counts stay on the CPU)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                if torch.is_tensor(t) and t.device.type == torch.device(DEVICE).type)
+    return {"parameter": params, "gradient": grads, "optimizer_state": state}
+
+
+def warm_up():
+    model, opt, x, y = build()
+    two_steps(model, opt, x, y)
+    del model, opt, x, y
+    sync()
+
+
+def timed():
+    """Builds and runs the steps; returns (seconds, by_hand, model, opt)."""
+    sync()
+    t0 = time.perf_counter()
+    model, opt, x, y = build()
+    two_steps(model, opt, x, y)
+    sync()
+    return time.perf_counter() - t0, by_hand(model, opt), model, opt
+'''
+
+TEST = '''
+import json, os
+import torch
+from steps import DEVICE, timed, warm_up
+
+warm_up()
+
+
+def test_two_steps():
+    cuda = DEVICE.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    seconds, hand, model, opt = timed()
+    out = {"seconds": seconds, "hand": hand}
+    if cuda:
+        out["max_allocated"] = torch.cuda.max_memory_allocated()
+        out["allocated_before"] = before
+    with open(os.environ["KINDS_OUT"], "w") as f:
+        json.dump(out, f)
+'''
+
+PROFILED = '''
+import json, os, time
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
+from steps import DEVICE, build, sync, timed, two_steps, warm_up
+
+warm_up()
+plain = min(timed()[0] for _ in range(2))
+activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.startswith("cuda") else [])
+sync()
+t0 = time.perf_counter()
+with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    model, opt, x, y = build()
+    two_steps(model, opt, x, y)
+    sync()
+profiled = time.perf_counter() - t0
+memory = prof._memory_profile()
+timeline = MemoryProfileTimeline(memory)
+times, sizes = timeline._coalesce_timeline(torch.device(DEVICE))
+with_timeline = time.perf_counter() - t0
+sizes = np.array(sizes)
+at = int(sizes.sum(axis=1).argmax())
+# the blocks live at that peak, each with its category (the timeline's own
+# replay, up to the peak's time step): what a difference is made of
+live, device = {}, torch.device(DEVICE)
+for t, action, (key, version), nbytes in memory.timeline:
+    if key.device != device:
+        continue
+    if t != -1 and int(t / 1000) > times[at]:
+        break
+    name = key.storage.allocation_id if hasattr(key, "storage") else id(key)
+    if action.name in ("PREEXISTING", "CREATE"):
+        live[name] = [nbytes, version, key]
+    elif action.name == "INCREMENT_VERSION":
+        live[name][1] = version + 1
+    elif action.name == "DESTROY":
+        live.pop(name, None)
+blocks = sorted(((nbytes, str(timeline.categories.get(key, version)).replace("Category.", "").lower())
+                 for nbytes, version, key in live.values()), reverse=True)
+# a category's column is its index + 1 (torch's own plot reads them so)
+categories = {(c.name.lower() if c is not None else "unknown"): int(sizes[at][i + 1])
+              for c, i in _CATEGORY_TO_INDEX.items()}
+print(json.dumps({"total": int(sizes[at].sum()), "categories": categories,
+                  "blocks": [b for b in blocks if b[0] >= 2**20][:60],
+                  "plain": plain, "profiled": profiled, "with_timeline": with_timeline}))
+'''
+
+
+def run_pytest(folder: str, env: dict, measured: bool) -> tuple[dict, float, dict | None]:
+    """One pytest process over the test; returns (the test's own json,
+    the process's wall seconds, memlab's device entry or None)."""
+    out = os.path.join(folder, "test_out.json")
+    report = os.path.join(folder, "r.json")
+    args = ([f"--memlab", f"--memlab-report=json:{report}"] if measured else ["-p", "no:memlab"])
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "-p", "no:xdist", *args, "test_kinds_steps.py"],
+                          cwd=folder, env=dict(env, KINDS_OUT=out), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"pytest ({'measured' if measured else 'unmeasured'}) failed:\n{proc.stdout}\n{proc.stderr}")
+    with open(out) as f:
+        own = json.load(f)
+    device = None
+    if measured:
+        with open(report) as f:
+            tests = json.load(f)["tests"]
+        devices = tests[0]["devices"]
+        device = devices.get(env["KINDS_DEVICE"]) or devices.get(env["KINDS_DEVICE"] + ":0")
+    return own, wall, device
+
+
+def run_profiled(folder: str, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, "profiled.py"], cwd=folder, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the profiled run failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def one_model(model: str, device: str, rounds: int) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        for name, text in (("steps.py", STEPS), ("test_kinds_steps.py", TEST), ("profiled.py", PROFILED)):
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+        env = dict(os.environ, KINDS_MODEL=model, KINDS_DEVICE=device, OMP_NUM_THREADS=os.environ.get(
+            "OMP_NUM_THREADS", "1"), PYTHONPATH=os.pathsep.join(
+            p for p in (ROOT, folder, os.environ.get("PYTHONPATH", "")) if p))
+        times = {"unmeasured": [], "memlab": [], "unmeasured_wall": [], "memlab_wall": [],
+                 "plain": [], "profiled": [], "with_timeline": []}
+        result: dict = {"model": model, "device": device}
+        for r in range(rounds):
+            for measured in ((False, True) if r % 2 == 0 else (True, False)):
+                own, wall, entry = run_pytest(folder, env, measured)
+                key = "memlab" if measured else "unmeasured"
+                times[key].append(own["seconds"])
+                times[key + "_wall"].append(wall)
+                if measured:
+                    result.update(memlab=entry, hand=own["hand"], max_allocated=own.get("max_allocated"),
+                                  allocated_before=own.get("allocated_before"))
+            profiled = run_profiled(folder, env)
+            for key in ("plain", "profiled", "with_timeline"):
+                times[key].append(profiled[key])
+            result["profiler"] = {"total": profiled["total"], "categories": profiled["categories"],
+                                  "blocks": profiled["blocks"]}
+        result["times"] = {k: statistics.median(v) for k, v in times.items()}
+        result["rounds"] = times
+        return result
+
+
+def table(results: list) -> str:
+    lines = []
+    for res in results:
+        entry, prof = res["memlab"], res["profiler"]
+        kinds = entry.get("kinds") or {}
+        step = (entry.get("phase_kinds") or {}).get("step") or {}
+        t = res["times"]
+        lines += [f"### {res['model']} on {res['device']}", "",
+                  f"own peak {entry['peak']} B, total peak {entry.get('peak_total')} B, "
+                  f"max_memory_allocated {res.get('max_allocated')} B (allocated before the test "
+                  f"{res.get('allocated_before')} B); torch's profiler's peak {prof['total']} B",
+                  f"kinds note: {entry.get('reason') or ''}", "",
+                  "| at the peak | memlab (B) | torch.profiler (B) | memlab (MiB) | torch.profiler (MiB) |",
+                  "| --- | --- | --- | --- | --- |"]
+        pairs = [("parameter", "parameter"), ("buffer", None), ("gradient", "gradient"),
+                 ("optimizer_state", "optimizer_state"), ("input", "input"), ("activation", "activation"),
+                 ("temporary", "temporary"), (None, "autograd_detail"), ("other", "unknown")]
+        for mine, theirs in pairs:
+            a = kinds.get(mine) if mine else None
+            b = prof["categories"].get(theirs) if theirs else None
+            label = " / ".join(x for x in (mine, theirs) if x)
+            lines.append(f"| {label} | {'' if a is None else a} | {'' if b is None else b} | "
+                         f"{'' if a is None else f'{a / MiB:.1f}'} | {'' if b is None else f'{b / MiB:.1f}'} |")
+        lines.append(f"| sum | {sum(kinds.values())} | {sum(prof['categories'].values())} | | |")
+        by_category: dict = {}
+        for nbytes, category in prof["blocks"]:
+            by_category.setdefault(category, []).append(f"{nbytes / MiB:.2f}")
+        lines += ["", "the profiler's blocks of 1 MiB and more live at its peak (MiB): "
+                  + "; ".join(f"{c}: {', '.join(v)}" for c, v in sorted(by_category.items()))]
+        hand = res["hand"]
+        lines += ["", "at the step's peak, memlab against the tensors' shapes by hand: "
+                  + ", ".join(f"{k} {step.get(k)} vs {v}" for k, v in hand.items()
+                              if k != "optimizer_state")
+                  + f", optimizer_state {step.get('optimizer_state')} vs {hand['optimizer_state']}", "",
+                  "| time of the build and two steps | median (s) | ratio |", "| --- | --- | --- |",
+                  f"| unmeasured (pytest) | {t['unmeasured']:.4f} | 1.000x |",
+                  f"| memlab (pytest, kinds) | {t['memlab']:.4f} | {t['memlab'] / t['unmeasured']:.3f}x |",
+                  f"| whole pytest process, unmeasured / memlab | {t['unmeasured_wall']:.2f} / "
+                  f"{t['memlab_wall']:.2f} | {t['memlab_wall'] / t['unmeasured_wall']:.3f}x |",
+                  f"| plain (the profiler's process) | {t['plain']:.4f} | 1.000x |",
+                  f"| torch.profiler (memory, shapes, stacks) | {t['profiled']:.4f} | "
+                  f"{t['profiled'] / t['plain']:.1f}x |",
+                  f"| ... and its memory timeline | {t['with_timeline']:.4f} | "
+                  f"{t['with_timeline'] / t['plain']:.1f}x |", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--models", default="resnet18,vit_tiny_patch16_224")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    results = [one_model(m, args.device, args.rounds) for m in args.models.split(",")]
+    text = table(results)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
