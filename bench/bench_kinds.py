@@ -140,13 +140,16 @@ with profile(activities=activities, profile_memory=True, record_shapes=True, wit
 profiled = time.perf_counter() - t0
 memory = prof._memory_profile()
 timeline = MemoryProfileTimeline(memory)
-times, sizes = timeline._coalesce_timeline(torch.device(DEVICE))
+device = torch.device(DEVICE)
+if device.type == "cuda" and device.index is None:   # the profiler's keys name the index
+    device = torch.device("cuda", torch.cuda.current_device())
+times, sizes = timeline._coalesce_timeline(str(device))
 with_timeline = time.perf_counter() - t0
 sizes = np.array(sizes)
 at = int(sizes.sum(axis=1).argmax())
 # the blocks live at that peak, each with its category (the timeline's own
 # replay, up to the peak's time step): what a difference is made of
-live, device = {}, torch.device(DEVICE)
+live = {}
 for t, action, (key, version), nbytes in memory.timeline:
     if key.device != device:
         continue
@@ -242,7 +245,7 @@ def table(results: list) -> str:
                   f"own peak {entry['peak']} B, total peak {entry.get('peak_total')} B, "
                   f"max_memory_allocated {res.get('max_allocated')} B (allocated before the test "
                   f"{res.get('allocated_before')} B); torch's profiler's peak {prof['total']} B",
-                  f"kinds note: {entry.get('reason') or ''}", "",
+                  "",
                   "| at the peak | memlab (B) | torch.profiler (B) | memlab (MiB) | torch.profiler (MiB) |",
                   "| --- | --- | --- | --- | --- |"]
         pairs = [("parameter", "parameter"), ("buffer", None), ("gradient", "gradient"),

@@ -80,8 +80,9 @@ def test_kinds_at_the_peak_are_the_tensors_sizes_and_add_up_to_the_peak(pytester
     # exp_avg and exp_avg_sq, 1 MiB each, and the step count (a float32 scalar)
     assert kinds["optimizer_state"] == 2 * MiB + 4
     assert kinds["input"] == 1 * MiB
-    # scratch and h (and torch's scalar wrappers, a few bytes)
-    assert 4 * MiB <= kinds["temporary"] <= 4 * MiB + 16
+    # scratch and h (and torch's scalar wrappers, a few bytes: 16 on torch
+    # 2.13, 64 on 2.11)
+    assert 4 * MiB <= kinds["temporary"] <= 4 * MiB + 128
     # e, and the forward's 4-byte outputs (this one's, the first step's loss still held)
     assert 1 * MiB <= kinds["activation"] <= 1 * MiB + 16
     assert kinds["other"] <= 16
@@ -235,10 +236,21 @@ print(json.dumps({"total": int(sizes[at].sum()),
 """
 
 
+# on the CPU, also where a GPU is the default device
+TEST_STEPS = """
+import pytest
+from steps import two_steps
+
+@pytest.mark.cpu_memory
+def test_two_steps():
+    two_steps()
+"""
+
+
 def test_the_kinds_agree_with_torchs_profiler_on_the_same_steps(pytester):
     pytester.makepyfile(steps=STEPS, profiled=PROFILED,
-                        test_steps="from steps import two_steps\n\ndef test_two_steps():\n    two_steps()\n")
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab", "--memlab-report=json:r.json")
+                        test_steps=TEST_STEPS)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab-report=json:r.json")
     result.assert_outcomes(passed=1)
     device = json.loads((pytester.path / "r.json").read_text())["tests"][0]["devices"]["cpu"]
     kinds = device["kinds"]
@@ -262,7 +274,7 @@ def test_the_kinds_agree_with_torchs_profiler_on_the_same_steps(pytester):
 
 def test_the_html_timeline_stacks_the_kinds_and_the_json_keeps_them(pytester, tmp_path):
     pytester.makepyfile(steps=STEPS,
-                        test_steps="from steps import two_steps\n\ndef test_two_steps():\n    two_steps()\n")
+                        test_steps=TEST_STEPS)
     result = pytester.runpytest_subprocess("-p", "no:randomly", "--memlab-details=all",
                                            "--memlab-report=json:r.json,html:r.html")
     result.assert_outcomes(passed=1)
