@@ -18,10 +18,13 @@ Adam's state by hand from the tensors' shapes against memlab's kinds at
 the step's peak (every gradient and all state live there); the total peak
 against max_memory_allocated; and the time of the build and steps inside
 the test, measured against unmeasured, beside the profiler's against
-plain.
+plain.  With --side REPS, also the three configurations (unmeasured,
+memlab, memlab with kinds: the walk, the log and the classification)
+alternating in one process: what the kinds add, without the scatter
+between processes.
 
     python bench/bench_kinds.py [--device cuda] [--models resnet18,vit_tiny_patch16_224]
-                                [--rounds N] [--json FILE] [--out FILE]
+                                [--rounds N] [--side REPS] [--json FILE] [--out FILE]
 """
 
 import argparse
@@ -185,6 +188,78 @@ print(json.dumps({"total": int(sizes[at].sum()), "categories": categories,
 '''
 
 
+SIDE = '''
+import json, statistics, sys, time
+import torch
+from steps import DEVICE, build, sync, two_steps, warm_up
+from pytest_memlab.engine.backend import core
+from pytest_memlab.engine.meters import EngineMeter, leave_out_kept
+from pytest_memlab.engine.tracing import tracing
+from pytest_memlab.measuring.measurement import Measurement
+from pytest_memlab.measuring.memory_kinds import KindWalk, defer, resolve
+
+warm_up()
+c = core()
+assert c.name == "bridge", c.reason
+tracing.scope.configure(".")   # steps.py is the user's code
+where = "cuda:0" if DEVICE.startswith("cuda") else "cpu"
+
+
+def once(config):
+    """The build and two steps, measured as a test is (memlab), with its
+    kinds too (the walk, the log, the classification a report asks for),
+    or not at all; the time of all of it, the measurement's end included."""
+    sync()
+    t0 = time.perf_counter()
+    if config == "unmeasured":
+        model, opt, x, y = build()
+        two_steps(model, opt, x, y)
+        sync()
+        return time.perf_counter() - t0
+    m = Measurement(c, [where], trace=True, timeline=True)
+    m.begin()
+    walk = None
+    if config == "kinds":   # as TestRun.begin
+        walk = KindWalk({d: mt for d, mt in m.meters.items() if mt.__class__ is EngineMeter})
+        tracing.phase_hook(walk)
+    try:
+        with m.window():
+            model, opt, x, y = build()
+            two_steps(model, opt, x, y)
+            sync()
+            del model, opt, x, y
+    finally:
+        if walk is not None:
+            tracing.phase_hook(None)
+        kept = {d: mt.kept() for d, mt in m.meters.items()}
+        figures = m.end()
+    if walk is not None:   # as TestRun.end, and a report reading the kinds
+        for d, mt in m.meters.items():
+            leave_out_kept(figures[d], kept[d])
+            defer(figures[d], walk, mt.slot, kept[d], *mt.take_alloc_log(), tracing.phases())
+            assert resolve(figures[d]) is not None, figures[d].kinds_note
+    return time.perf_counter() - t0
+
+
+configs = ("unmeasured", "memlab", "kinds")
+times = {k: [] for k in configs}
+for r in range(int(sys.argv[1])):
+    for config in (configs if r % 2 == 0 else configs[::-1]):
+        times[config].append(once(config))
+print(json.dumps({k: statistics.median(v) for k, v in times.items()}))
+'''
+
+
+def run_side(folder: str, env: dict, reps: int) -> dict:
+    """The three configurations alternating in one process (the tracker
+    attached by the first measurement stays, off, for the unmeasured runs)."""
+    proc = subprocess.run([sys.executable, "side.py", str(reps)], cwd=folder, env=dict(env, MEMLAB_CORE="bridge"),
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the side-by-side run failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_pytest(folder: str, env: dict, measured: bool) -> tuple[dict, float, dict | None]:
     """One pytest process over the test; returns (the test's own json,
     the process's wall seconds, memlab's device entry or None)."""
@@ -216,9 +291,10 @@ def run_profiled(folder: str, env: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def one_model(model: str, device: str, rounds: int) -> dict:
+def one_model(model: str, device: str, rounds: int, side: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
-        for name, text in (("steps.py", STEPS), ("test_kinds_steps.py", TEST), ("profiled.py", PROFILED)):
+        for name, text in (("steps.py", STEPS), ("test_kinds_steps.py", TEST), ("profiled.py", PROFILED),
+                           ("side.py", SIDE)):
             with open(os.path.join(folder, name), "w") as f:
                 f.write(text)
         env = dict(os.environ, KINDS_MODEL=model, KINDS_DEVICE=device, OMP_NUM_THREADS=os.environ.get(
@@ -241,6 +317,8 @@ def one_model(model: str, device: str, rounds: int) -> dict:
                 times[key].append(profiled[key])
             result["profiler"] = {"total": profiled["total"], "categories": profiled["categories"],
                                   "blocks": profiled["blocks"]}
+        if side:
+            result["side"] = run_side(folder, env, side)
         result["times"] = {k: statistics.median(v) for k, v in times.items()}
         result["rounds"] = times
         return result
@@ -289,6 +367,13 @@ def table(results: list) -> str:
                   f"{t['profiled'] / t['plain']:.1f}x |",
                   f"| ... and its memory timeline | {t['with_timeline']:.4f} | "
                   f"{t['with_timeline'] / t['plain']:.1f}x |", ""]
+        side = res.get("side")
+        if side:
+            lines += ["side by side in one process, alternating (the build, two steps and the measurement's end): "
+                      f"unmeasured {side['unmeasured']:.4f} s, memlab {side['memlab']:.4f} s "
+                      f"({side['memlab'] / side['unmeasured']:.3f}x), memlab with kinds {side['kinds']:.4f} s "
+                      f"({side['kinds'] / side['unmeasured']:.3f}x; {side['kinds'] / side['memlab']:.3f}x of memlab's)",
+                      ""]
     return "\n".join(lines)
 
 
@@ -297,10 +382,12 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", default="resnet18,vit_tiny_patch16_224")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--side", type=int, default=0, metavar="REPS",
+                    help="also time unmeasured, memlab and memlab with kinds alternating in one process")
     ap.add_argument("--json")
     ap.add_argument("--out")
     args = ap.parse_args()
-    results = [one_model(m, args.device, args.rounds) for m in args.models.split(",")]
+    results = [one_model(m, args.device, args.rounds, args.side) for m in args.models.split(",")]
     text = table(results)
     print(text)
     if args.json:
