@@ -55,7 +55,12 @@ def sync():
 
 def build():
     torch.manual_seed(0)
-    if NAME == "mlp":
+    if NAME == "encoder":   # a ViT-tiny-sized transformer without timm: 12 layers, d 192, 197 tokens
+        layer = torch.nn.TransformerEncoderLayer(192, 3, 768, batch_first=True)
+        model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False),
+                                    torch.nn.Flatten(), torch.nn.Linear(197 * 192, 1000)).to(DEVICE)
+        x, y = torch.randn(32, 197, 192, device=DEVICE), torch.randint(0, 1000, (32,), device=DEVICE)
+    elif NAME == "mlp":
         model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
                                     torch.nn.ReLU(), torch.nn.Linear(2048, 10)).to(DEVICE)
         x, y = torch.randn(1024, 512, device=DEVICE), torch.randint(0, 10, (1024,), device=DEVICE)

@@ -75,7 +75,7 @@ class DeviceFigures:
     kinds_note: str = ""
     phase_kinds: dict = field(default_factory=dict)   # phase name -> kinds at that phase's peak
     kinds_pending: tuple | None = None   # what kinds are made of, until asked (memory_kinds.resolve)
-    kind_lives: tuple | None = None   # (memory_kinds.classify's blocks, the log's first event): the timeline's kinds
+    kind_lives: tuple | None = None   # (memory_kinds.Blocks, the log's first event): the timeline's kinds
 
 
 @dataclass(slots=True)

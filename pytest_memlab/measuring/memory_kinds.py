@@ -25,6 +25,7 @@ kind, so the kinds add up to the own peak, exactly.
 from __future__ import annotations
 
 import bisect
+import itertools
 import weakref
 
 from ..engine.slots import slot_of
@@ -226,11 +227,11 @@ def resolve(figures) -> dict | None:
         return None
     try:
         spans = phase_spans(phases, slot)
-        lives = classify(entries, spans, marks, slot, kept.blocks)
-        figures.kinds, figures.kinds_note = kinds_at_peak(lives, dropped, spans, kept.seq, figures.peak)
+        blocks = Blocks(entries, kept.blocks, spans, marks, slot)
+        figures.kinds, figures.kinds_note = kinds_at_peak(blocks, dropped, spans, kept.seq, figures.peak)
         if figures.kinds is not None:
-            figures.kind_lives = (lives, entries[0][4] if entries else 0)
-            figures.phase_kinds = kinds_at_phase_peaks(lives, spans, figures.phase_peaks, PHASE_NAMES)
+            figures.kind_lives = (blocks, entries[0][4] if entries else 0)
+            figures.phase_kinds = kinds_at_phase_peaks(blocks, spans, figures.phase_peaks, PHASE_NAMES)
     except Exception as exc:  # memlab's trouble, never the test's
         figures.kinds, figures.kinds_note = None, f"{type(exc).__name__}: {exc}"
     return figures.kinds
@@ -253,94 +254,118 @@ def phase_spans(phases: list, slot: int) -> list[tuple[int, int, int]]:
     return spans
 
 
-def classify(entries: list, spans: list, marks: dict, slot: int, kept_blocks: list) -> list:
+class Blocks:
     """Every block of the test that the allocation log (engine's entries,
     from the first phase on) and the blocks it kept (kept_blocks: (addr,
-    size, seq, site)) tell of: (size, allocated seq or -1 before the log,
-    freed seq or never, kind, kept)."""
-    kept = {(addr, seq) for addr, _size, seq, _site in kept_blocks}
-    made_in = _Innermost(spans)
-    born: dict[int, tuple[int, int]] = {}   # addr -> (seq, size), open blocks
-    lives = []                               # (addr, size, allocated, freed)
-    for addr, size, _time, _site, seq, counts in entries:
-        if size > 0:
-            if addr in born:   # its free was not heard: gone when the address came back
-                a, s = born.pop(addr)
-                lives.append((addr, s, a, seq))
-            if counts:
-                born[addr] = (seq, size)
-        elif counts:
-            a, _s = born.pop(addr, (-1, 0))
-            lives.append((addr, -size, a, seq))
-    out = [(size, a, f, _kind(a, f, made_in, marks.get((slot, addr))), False) for addr, size, a, f in lives]
-    logged = set()
-    for addr, (a, size) in born.items():
-        logged.add((addr, a))
-        out.append((size, a, NEVER, _kind(a, NEVER, made_in, marks.get((slot, addr))), (addr, a) in kept))
-    first = entries[0][4] if entries else NEVER
-    for addr, size, a, _site in kept_blocks:   # kept, made before the log began
-        if (addr, a) not in logged and a < first:
-            out.append((size, a, NEVER, _kind(a, NEVER, made_in, marks.get((slot, addr))), True))
-    return out
+    size, seq, site)) tell of, as lives: (size, allocated seq or -1 before
+    the log, freed seq or never, kept).  A block's kind is found when it is
+    first asked for: the kinds at the peak and at each phase's peak ask for
+    the blocks live then, a few hundred, not for the tens of thousands a
+    training test made and freed (the timeline's kinds ask for all)."""
+
+    def __init__(self, entries: list, kept_blocks: list, spans: list, marks: dict, slot: int):
+        kept = {(addr, seq) for addr, _size, seq, _site in kept_blocks}
+        born: dict[int, tuple[int, int]] = {}   # addr -> (seq, size), open blocks
+        lives = []                               # (size, allocated, freed, kept)
+        addrs = []
+        for addr, size, _time, _site, seq, counts in entries:
+            if size > 0:
+                if addr in born:   # its free was not heard: gone when the address came back
+                    a, s = born.pop(addr)
+                    lives.append((s, a, seq, False))
+                    addrs.append(addr)
+                if counts:
+                    born[addr] = (seq, size)
+            elif counts:
+                a, _s = born.pop(addr, (-1, 0))
+                lives.append((-size, a, seq, False))
+                addrs.append(addr)
+        logged = set()
+        for addr, (a, size) in born.items():
+            logged.add((addr, a))
+            lives.append((size, a, NEVER, (addr, a) in kept))
+            addrs.append(addr)
+        first = entries[0][4] if entries else NEVER
+        for addr, size, a, _site in kept_blocks:   # kept, made before the log began
+            if (addr, a) not in logged and a < first:
+                lives.append((size, a, NEVER, True))
+                addrs.append(addr)
+        self.lives = lives
+        self._addrs = addrs
+        self._kinds: list = [None] * len(lives)
+        self._made_in = _Innermost(spans)
+        self._marks = marks
+        self._slot = slot
+
+    def kind(self, i: int) -> str:
+        kind = self._kinds[i]
+        if kind is None:
+            _size, a, f, _kept = self.lives[i]
+            kind = self._kinds[i] = _kind(a, f, self._made_in, self._marks.get((self._slot, self._addrs[i])))
+        return kind
+
+    def live_at(self, seqs: list) -> list[dict]:
+        """kind -> bytes of the blocks the test did not keep, live at each
+        of seqs (a few event numbers)."""
+        out = []
+        lives, kind = self.lives, self.kind
+        for seq in seqs:
+            bytes_by_kind = dict.fromkeys(KINDS, 0)
+            for i in [i for i, (_size, a, f, kept) in enumerate(lives) if a <= seq < f and not kept]:
+                bytes_by_kind[kind(i)] += lives[i][0]
+            out.append(bytes_by_kind)
+        return out
 
 
-def kinds_at_peak(lives: list, dropped: int, spans: list, peak_seq: int, own_peak: int) -> tuple[dict | None, str]:
-    """Bytes by kind of the blocks (classify's) live at event peak_seq that
-    the test did not keep.  Returns (kind -> bytes, "") or (None, why
-    not)."""
+def kinds_at_peak(blocks: Blocks, dropped: int, spans: list, peak_seq: int, own_peak: int) -> tuple[dict | None, str]:
+    """Bytes by kind of the blocks live at event peak_seq that the test did
+    not keep.  Returns (kind -> bytes, "") or (None, why not)."""
     if dropped:
         return None, f"the allocation log dropped {dropped} events"
     if not spans:
         return None, "no phase ran"
     if peak_seq < spans[0][1]:
         return None, "the peak came before the first phase"
-    out = dict.fromkeys(KINDS, 0)
-    for size, a, f, kind, kept in lives:
-        if not kept and a <= peak_seq < f:
-            out[kind] += size
+    out = blocks.live_at([peak_seq])[0]
     if sum(out.values()) != own_peak:
         return None, f"the blocks live at the peak sum to {sum(out.values())} B, not the own peak {own_peak} B"
     return out, ""
 
 
-def kinds_at_phase_peaks(lives: list, spans: list, phase_peaks: dict, names: tuple) -> dict:
+def kinds_at_phase_peaks(blocks: Blocks, spans: list, phase_peaks: dict, names: tuple) -> dict:
     """phase name -> bytes by kind at that phase's own peak (the test's
     own bytes, what it kept left out, at their most while a phase of that
     kind ran, counting what was live when it began), for each phase whose
     peak the engine gave (phase_peaks: name -> (bytes, site)) and the
     blocks reach to the byte; names: the phase names by kind - 1."""
-    changes = [(a, size, kind) for size, a, f, kind, kept in lives if not kept]
-    changes += [(f, -size, kind) for size, a, f, kind, kept in lives if not kept and f != NEVER]
+    changes = [(a, size) for size, a, f, kept in blocks.lives if not kept]
+    changes += [(f, -size) for size, a, f, kept in blocks.lives if not kept and f != NEVER]
     changes.sort(key=lambda c: c[0])
-    ordered = sorted(spans, key=lambda s: s[1])
-    best: dict = {}   # name -> (bytes, kinds)
-    now = dict.fromkeys(KINDS, 0)
-    own = i = j = 0
-    running: list = []   # the spans begun and not yet over (a few at most: they nest)
-    for seq in sorted({s[1] for s in ordered} | {c[0] for c in changes}):
-        while i < len(changes) and changes[i][0] <= seq:
-            _at, size, kind = changes[i]
-            now[kind] += size
-            own += size
-            i += 1
-        while j < len(ordered) and ordered[j][1] <= seq:
-            running.append(ordered[j])
-            j += 1
-        running = [span for span in running if seq <= span[2]]
-        for kind, _start, _end in running:
-            name = names[kind - 1]
-            if name not in best or own > best[name][0]:
-                best[name] = (own, dict(now))
-    return {name: kinds for name, (own, kinds) in best.items()
-            if name in phase_peaks and phase_peaks[name][0] == own}
+    seqs = [c[0] for c in changes]
+    owns = list(itertools.accumulate(c[1] for c in changes))   # own bytes after each change
+    best: dict = {}   # name -> (own, seq): the first moment of its most
+    for kind, start, end in spans:
+        # the own bytes when it began, then after each change while it ran
+        i, j = bisect.bisect_right(seqs, start), bisect.bisect_right(seqs, end)
+        most, seq = (owns[i - 1] if i else 0), start
+        if j > i:
+            top = max(owns[i:j])
+            if top > most:
+                most, seq = top, seqs[owns.index(top, i, j)]
+        name = names[kind - 1]
+        if name not in best or most > best[name][0] or (most == best[name][0] and seq < best[name][1]):
+            best[name] = (most, seq)
+    wanted = [name for name, (own, _seq) in best.items() if name in phase_peaks and phase_peaks[name][0] == own]
+    return dict(zip(wanted, blocks.live_at([best[name][1] for name in wanted])))
 
 
-def kinds_over_time(lives: list, seqs: list, since: int) -> dict:
+def kinds_over_time(blocks: Blocks, seqs: list, since: int) -> dict:
     """kind -> [bytes live after each event of seqs (ascending)] for the
     kinds that ever had any, with None before event since (the first
     phase, where the log began); kept blocks count, as on the timeline."""
     changes = []
-    for size, a, f, kind, _kept in lives:
+    for i, (size, a, f, _kept) in enumerate(blocks.lives):
+        kind = blocks.kind(i)
         changes.append((a, size, kind))
         if f != NEVER:
             changes.append((f, -size, kind))
