@@ -158,8 +158,7 @@ with profile(activities=activities, profile_memory=True, record_shapes=True, wit
     two_steps(model, opt, x, y)
     sync()
 profiled = time.perf_counter() - t0
-memory = prof._memory_profile()
-timeline = MemoryProfileTimeline(memory)
+timeline = MemoryProfileTimeline(prof._memory_profile())
 device = torch.device(DEVICE)
 if device.type == "cuda" and device.index is None:   # the profiler's keys name the index
     device = torch.device("cuda", torch.cuda.current_device())
@@ -167,28 +166,10 @@ times, sizes = timeline._coalesce_timeline(str(device))
 with_timeline = time.perf_counter() - t0
 sizes = np.array(sizes)
 at = int(sizes.sum(axis=1).argmax())
-# the blocks live at that peak, each with its category (the timeline's own
-# replay, up to the peak's time step): what a difference is made of
-live = {}
-for t, action, (key, version), nbytes in memory.timeline:
-    if key.device != device:
-        continue
-    if t != -1 and int(t / 1000) > times[at]:
-        break
-    name = key.storage.allocation_id if hasattr(key, "storage") else id(key)
-    if action.name in ("PREEXISTING", "CREATE"):
-        live[name] = [nbytes, version, key]
-    elif action.name == "INCREMENT_VERSION":
-        live[name][1] = version + 1
-    elif action.name == "DESTROY":
-        live.pop(name, None)
-blocks = sorted(((nbytes, str(timeline.categories.get(key, version)).replace("Category.", "").lower())
-                 for nbytes, version, key in live.values()), reverse=True)
 # a category's column is its index + 1 (torch's own plot reads them so)
 categories = {(c.name.lower() if c is not None else "unknown"): int(sizes[at][i + 1])
               for c, i in _CATEGORY_TO_INDEX.items()}
 print(json.dumps({"total": int(sizes[at].sum()), "categories": categories,
-                  "blocks": [b for b in blocks if b[0] >= 2**20][:60],
                   "plain": plain, "profiled": profiled, "with_timeline": with_timeline}))
 '''
 
@@ -320,8 +301,7 @@ def one_model(model: str, device: str, rounds: int, side: int) -> dict:
             profiled = run_profiled(folder, env)
             for key in ("plain", "profiled", "with_timeline"):
                 times[key].append(profiled[key])
-            result["profiler"] = {"total": profiled["total"], "categories": profiled["categories"],
-                                  "blocks": profiled["blocks"]}
+            result["profiler"] = {"total": profiled["total"], "categories": profiled["categories"]}
         if side:
             result["side"] = run_side(folder, env, side)
         result["times"] = {k: statistics.median(v) for k, v in times.items()}
@@ -353,11 +333,6 @@ def table(results: list) -> str:
             lines.append(f"| {label} | {'' if a is None else a} | {'' if b is None else b} | "
                          f"{'' if a is None else f'{a / MiB:.1f}'} | {'' if b is None else f'{b / MiB:.1f}'} |")
         lines.append(f"| sum | {sum(kinds.values())} | {sum(prof['categories'].values())} | | |")
-        by_category: dict = {}
-        for nbytes, category in prof["blocks"]:
-            by_category.setdefault(category, []).append(f"{nbytes / MiB:.2f}")
-        lines += ["", "the profiler's blocks of 1 MiB and more live at its peak (MiB): "
-                  + "; ".join(f"{c}: {', '.join(v)}" for c, v in sorted(by_category.items()))]
         hand = res["hand"]
         lines += ["", "at the step's peak, memlab against the tensors' shapes by hand: "
                   + ", ".join(f"{k} {step.get(k)} vs {hand[k]}" for k in ("parameter", "gradient", "optimizer_state"))
