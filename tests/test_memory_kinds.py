@@ -87,6 +87,9 @@ def test_kinds_at_the_peak_are_the_tensors_sizes_and_add_up_to_the_peak(pytester
     assert 1 * MiB <= kinds["activation"] <= 1 * MiB + 16
     assert kinds["other"] <= 16
     assert devices["test_no_phases"]["kinds"] is None
+    # the report says why a test has none, and nothing where it has them
+    assert devices["test_no_phases"]["kinds_note"] == "no phase ran, or the tracer was off"
+    assert train["kinds_note"] is None
 
 
 def test_a_budget_failure_says_the_kinds_at_the_peak(pytester):

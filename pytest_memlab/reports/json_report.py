@@ -41,6 +41,7 @@ def _device(d) -> dict:
         "phases": dict(d.phases),
         "phase_max": dict(d.phase_max),
         "kinds": dict(d.kinds) if d.kinds is not None else None,
+        "kinds_note": d.kinds_note or None,
         "kind_max": dict(d.kind_max),
         "phase_kinds": dict(d.phase_kinds),
         "baseline_peak": d.baseline_peak,

@@ -34,7 +34,7 @@ PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
              "peak_with_kept", "kept", "first_use")
 _JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kind_max", "phase_kinds")
-_STR_KEYS = ("reason", "name", "baseline", "gpu")
+_STR_KEYS = ("reason", "name", "baseline", "gpu", "kinds_note")
 
 
 @dataclass
@@ -60,6 +60,7 @@ class DeviceResult:
     phases: dict = field(default_factory=dict)   # each phase's own peak: {"forward": bytes, ...}
     phase_max: dict = field(default_factory=dict)   # the marker's phase budgets, as phases
     kinds: dict | None = None        # bytes live at the peak by kind (a test with phases), else None
+    kinds_note: str = ""             # where a report asked for the kinds and there are none: why
     kind_max: dict = field(default_factory=dict)   # the marker's kind budgets: {"activations": bytes}
     phase_kinds: dict = field(default_factory=dict)   # {"backward": kinds at that phase's peak}
     max: int | None = None
@@ -101,7 +102,8 @@ class DeviceResult:
             if sites:   # a report or a baseline keeps them: made now (memory_kinds.resolve)
                 from ..measuring.memory_kinds import resolve
 
-                resolve(figures)
+                if resolve(figures) is None:
+                    result.kinds_note = figures.kinds_note or "no phase ran, or the tracer was off"
             result.kinds = figures.kinds
             result.phase_kinds = dict(figures.phase_kinds)
             if sites and figures.attribution is not None and figures.peak:
@@ -159,7 +161,7 @@ def _keys(device: str) -> tuple:
     keys = _KEYS.get(device)
     if keys is None:
         p = f"{PREFIX}{device}."
-        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu",
+        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu", p + "kinds_note",
                                 tuple((key, p + key) for key in _INT_KEYS), p + "top", p + "detail",
                                 tuple((key, p + key) for key in _JSON_KEYS))
     return keys
@@ -169,7 +171,7 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
     props: list[tuple[str, object]] = []
     add = props.append
     for device, d in result.devices.items():
-        measured, reason, name, baseline, gpu, ints, top, detail, lists = _keys(device)
+        measured, reason, name, baseline, gpu, kinds_note, ints, top, detail, lists = _keys(device)
         if not d.measured:
             add((measured, "false"))
             add((reason, d.reason))
@@ -179,6 +181,8 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
             add((baseline, d.baseline))
         if d.gpu:
             add((gpu, d.gpu))
+        if d.kinds_note:
+            add((kinds_note, d.kinds_note))
         for key, prop in ints:
             value = getattr(d, key)
             if value is not None:
