@@ -128,7 +128,11 @@ class MemlabPlugin:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_fixture_setup(self, fixturedef, request):
-        if self.current is None:
+        if self.current is None or (fixturedef.scope == "function"
+                                    and getattr(fixturedef.func, "__module__", "").startswith("_pytest.")):
+            # pytest's own function fixtures, a parametrized argument's
+            # value above all (kornia's tests set up four or five a test),
+            # run no user code: no bracket, no trace window
             return (yield)
         item, run = self._running
         started = run.fixture_begin(fixturedef.scope, request.node is item)
@@ -214,7 +218,7 @@ class MemlabPlugin:
         if when == "teardown":
             options = self.options
             result = run.result(options.top, options.details if options.detail else "",
-                                self.session.baseline is not None)
+                                self.session.baseline is not None, options.update_baseline)
             report.user_properties.extend(encode(result))
             self.session.made(result)
             # Keeping every test's measurement would grow what the garbage

@@ -369,12 +369,17 @@ class TestRun:
                 self.error = self.error or f"the snapshot was not written: {type(exc).__name__}: {exc}"
 
     # -- the result ----------------------------------------------------------------
-    def result(self, top: int, detail: str, with_baseline: bool) -> TestResult:
+    def result(self, top: int, detail: str, with_baseline: bool, writes_baseline: bool = False) -> TestResult:
         """The test's result (its figures as the reports read them); with
         detail "all", or "flagged" for a test memlab failed, warned of or
         suspects of a leak, what the JSON and HTML reports show besides
-        (timelines are fetched only then: the engine keeps the last one)."""
-        want_sites = with_baseline or bool(detail)   # a baseline or a report keeps them
+        (timelines are fetched only then: the engine keeps the last one).
+        The lines and kinds at the peak are made only where a report or a
+        baseline being written keeps them: a run that only compares with
+        the baseline reads them where a test regressed, in its message
+        (tens of microseconds a test, milliseconds for a training test's
+        kinds)."""
+        want_sites = writes_baseline or bool(detail)
         if detail == "flagged" and not (self.failed or self.warned or self.suspects or self.said or self.explained):
             detail = ""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
