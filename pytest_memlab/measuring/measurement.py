@@ -47,8 +47,13 @@ class Measurement:
     DETAIL_POINTS = 512
 
     def __init__(self, core: Core, devices: list[str], trace: bool = True, park: bool = False,
-                 timeline: bool = False, log: bool = False, others: tuple[str, ...] = ()):
+                 timeline: bool = False, log: bool = False, others: tuple[str, ...] = (),
+                 lines: bool = True):
         self.core = core
+        # The per-line figures at the end (the heaviest lines a report or
+        # the terminal table shows): a test with nothing to show them skips
+        # reading every line that ran (on 3.11, each traced line of its code).
+        self.lines = lines
         self.park = park         # leave the tracer and torch's hooks ready for the next test
         self.trace = trace and core.name == BRIDGE
         self.trace_note = ""
@@ -133,7 +138,7 @@ class Measurement:
             fig = figures[device]
             if not fig.measured or meter.__class__ is not EngineMeter:
                 continue
-            if self._traced_once:
+            if self._traced_once and self.lines:
                 fig.lines = line_stats(meter.slot)
             if meter.log:
                 fig.alloc_log = meter.take_alloc_log()
