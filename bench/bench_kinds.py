@@ -178,11 +178,9 @@ SIDE = '''
 import json, statistics, sys, time
 import torch
 from steps import DEVICE, build, sync, two_steps, warm_up
+from measured_like_a_test import measure
 from pytest_memlab.engine.backend import core
-from pytest_memlab.engine.meters import EngineMeter, leave_out_kept
 from pytest_memlab.engine.tracing import tracing
-from pytest_memlab.measuring.measurement import Measurement
-from pytest_memlab.measuring.memory_kinds import KindWalk, defer, resolve
 
 warm_up()
 c = core()
@@ -195,35 +193,17 @@ def once(config):
     """The build and two steps, measured as a test is (memlab), with its
     kinds too (the walk, the log, the classification a report asks for),
     or not at all; the time of all of it, the measurement's end included."""
-    sync()
-    t0 = time.perf_counter()
-    if config == "unmeasured":
+    def region():
         model, opt, x, y = build()
         two_steps(model, opt, x, y)
         sync()
-        return time.perf_counter() - t0
-    m = Measurement(c, [where], trace=True, timeline=True)
-    m.begin()
-    walk = None
-    if config == "kinds":   # as TestRun.begin
-        walk = KindWalk({d: mt for d, mt in m.meters.items() if mt.__class__ is EngineMeter})
-        tracing.phase_hook(walk)
-    try:
-        with m.window():
-            model, opt, x, y = build()
-            two_steps(model, opt, x, y)
-            sync()
-            del model, opt, x, y
-    finally:
-        if walk is not None:
-            tracing.phase_hook(None)
-        kept = {d: mt.kept() for d, mt in m.meters.items()}
-        figures = m.end()
-    if walk is not None:   # as TestRun.end, and a report reading the kinds
-        for d, mt in m.meters.items():
-            leave_out_kept(figures[d], kept[d])
-            defer(figures[d], walk, mt.slot, kept[d], *mt.take_alloc_log(), tracing.phases())
-            assert resolve(figures[d]) is not None, figures[d].kinds_note
+
+    sync()
+    t0 = time.perf_counter()
+    if config == "unmeasured":
+        region()
+    else:
+        measure(c, where, region, kinds=config == "kinds")
     return time.perf_counter() - t0
 
 
@@ -285,7 +265,7 @@ def one_model(model: str, device: str, rounds: int, side: int) -> dict:
                 f.write(text)
         env = dict(os.environ, KINDS_MODEL=model, KINDS_DEVICE=device, OMP_NUM_THREADS=os.environ.get(
             "OMP_NUM_THREADS", "1"), PYTHONPATH=os.pathsep.join(
-            p for p in (ROOT, folder, os.environ.get("PYTHONPATH", "")) if p))
+            p for p in (ROOT, os.path.join(ROOT, "bench"), folder, os.environ.get("PYTHONPATH", "")) if p))
         times = {"unmeasured": [], "memlab": [], "unmeasured_wall": [], "memlab_wall": [],
                  "plain": [], "profiled": [], "with_timeline": []}
         result: dict = {"model": model, "device": device}

@@ -72,36 +72,16 @@ def worker(workload: str, config: str, reps: int) -> None:
 
     once = plain
     if config.startswith("memlab"):
+        from measured_like_a_test import measure
         from pytest_memlab.engine.backend import core
-        from pytest_memlab.engine.meters import EngineMeter, leave_out_kept
-        from pytest_memlab.measuring.memory_kinds import KindWalk, defer, resolve
         from pytest_memlab.engine.tracing import tracing
-        from pytest_memlab.measuring.measurement import Measurement
 
         c = core()
         assert c.name == "bridge", c.reason
         tracing.scope.configure(ROOT)  # this file is the user's code
 
         def once():
-            m = Measurement(c, [where], trace=config != "memlab-nolines", timeline=True)  # as the plugin
-            m.begin()
-            walk = None
-            if config == "memlab-kinds":   # as TestRun.begin and end
-                walk = KindWalk({d: mt for d, mt in m.meters.items() if mt.__class__ is EngineMeter})
-                tracing.phase_hook(walk)
-            try:
-                with m.window():   # before 3.12, the tracer runs only in such windows
-                    plain()
-            finally:
-                if walk is not None:
-                    tracing.phase_hook(None)
-                    kept = {d: mt.kept() for d, mt in m.meters.items()}
-                figures = m.end()
-            if walk is not None:
-                for d, mt in m.meters.items():
-                    leave_out_kept(figures[d], kept[d])
-                    defer(figures[d], walk, mt.slot, kept[d], *mt.take_alloc_log(), tracing.phases())
-                    assert resolve(figures[d]) is not None, figures[d].kinds_note
+            figures = measure(c, where, plain, lines=config != "memlab-nolines", kinds=config == "memlab-kinds")
             assert figures[where].peak > 0
             if config != "memlab-nolines":
                 assert figures[where].attribution.at_peak, "no line attribution"
