@@ -22,7 +22,7 @@ from .findings import Cache, Change, Exceeded, Growth
 from ..sizes import format_size
 from .site_changes import site_changes, sites_at_peak
 from ..engine.tracing import PHASE_NAMES
-from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS, resolve
+from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS, kinds_note, resolve
 from .messages import (baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report,
                        phase_budget_failure)
 
@@ -253,7 +253,7 @@ class Verdicts:
             if final and spec.kind_max and figures.measured and resolve(figures) is None:
                 keys = ", ".join(f"{key}=" for key, _ in spec.kind_max)
                 notes.append(f"{device} {keys} not judged: no kinds at the peak "
-                             f"({figures.kinds_note or 'no phase ran, or the tracer was off'})")
+                             f"({kinds_note(figures)})")
             new = [e for e in exceeded(device, figures, spec) if e.key not in run.failed]
             if new and not final and not by_walk:
                 # where the peak came from, and the peak without what the

@@ -214,6 +214,12 @@ def defer(figures, walk, slot: int, kept, entries: list, dropped: int, phases: l
     figures.kinds_pending = (walk.error, slot, walk.marks, entries, dropped, phases, kept)
 
 
+def kinds_note(figures) -> str:
+    """Why figures have no kinds (after resolve): the classification's own
+    reason, or, where no walk began for them, that no phase ran."""
+    return figures.kinds_note or "no phase ran, or the tracer was off"
+
+
 def resolve(figures) -> dict | None:
     """figures' bytes at the own peak by kind (and each phase's, and the
     blocks for the timeline), made the first time they are asked for."""

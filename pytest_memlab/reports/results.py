@@ -100,10 +100,10 @@ class DeviceResult:
             result.kept = figures.kept
             result.phases = {name: peak for name, (peak, _) in figures.phase_peaks.items()}
             if sites:   # a report or a baseline keeps them: made now (memory_kinds.resolve)
-                from ..measuring.memory_kinds import resolve
+                from ..measuring.memory_kinds import kinds_note, resolve
 
                 if resolve(figures) is None:
-                    result.kinds_note = figures.kinds_note or "no phase ran, or the tracer was off"
+                    result.kinds_note = kinds_note(figures)
             result.kinds = figures.kinds
             result.phase_kinds = dict(figures.phase_kinds)
             if sites and figures.attribution is not None and figures.peak:
