@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "heap_walk.h"
 #include "phases.h"
+#include "referrer_index.h"
 #include "reporter.h"
 #include "tracer.h"
 
@@ -103,6 +104,59 @@ engine_of_types(PyObject *Py_UNUSED(module), PyObject *args)
 
 /* referrers(objects, targets) -> the items of the list objects (the heap:
  * gc.get_objects()) that refer to any item of the list targets. */
+#define REFERRER_INDEX "pytest_memlab.referrer_index"
+
+static void
+referrer_index_free(PyObject *capsule)
+{
+    ReferrerIndex *index = PyCapsule_GetPointer(capsule, REFERRER_INDEX);
+    if (index != NULL) {
+        ReferrerIndex_fini(index);
+        PyMem_Free(index);
+    }
+}
+
+/* referrer_index(objects) -> an index of who refers to what in the list
+ * objects (the heap: gc.get_objects()), for index_referrers. */
+static PyObject *
+engine_referrer_index(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *objects, *capsule = NULL;
+    if (!PyArg_ParseTuple(args, "O!:referrer_index", &PyList_Type, &objects))
+        return NULL;
+    ReferrerIndex *index = PyMem_Malloc(sizeof(ReferrerIndex));
+    if (index == NULL || ReferrerIndex_init(index) < 0) {
+        PyMem_Free(index);
+        return PyErr_NoMemory();
+    }
+    if (ReferrerIndex_add(index, objects) < 0)
+        goto error;
+    capsule = PyCapsule_New(index, REFERRER_INDEX, referrer_index_free);
+    if (capsule == NULL)
+        goto error;
+    return capsule;
+error:
+    ReferrerIndex_fini(index);
+    PyMem_Free(index);
+    return NULL;
+}
+
+/* index_referrers(index, objects, targets) -> the positions in objects
+ * of referrers(objects, targets), from the index of objects (items
+ * appended since are indexed first). */
+static PyObject *
+engine_index_referrers(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *capsule, *objects, *targets;
+    if (!PyArg_ParseTuple(args, "OO!O!:index_referrers", &capsule, &PyList_Type, &objects,
+                          &PyList_Type, &targets))
+        return NULL;
+    ReferrerIndex *index = PyCapsule_GetPointer(capsule, REFERRER_INDEX);
+    if (index == NULL)
+        return NULL;
+    return ReferrerIndex_referrers(index, objects, targets);
+}
+
 static PyObject *
 engine_referrers(PyObject *Py_UNUSED(module), PyObject *args)
 {
@@ -226,6 +280,12 @@ static PyMethodDef engine_methods[] = {
      "watched(slot, addrs) -> [whether each is still watched]."},
     {"unwatch", engine_unwatch, METH_O,
      "unwatch(slot): forget the device's watched addresses."},
+    {"referrer_index", engine_referrer_index, METH_VARARGS,
+     "referrer_index(objects) -> an index of which items of the list objects refer to which "
+     "tracked objects, built in one walk (index_referrers asks it)"},
+    {"index_referrers", engine_index_referrers, METH_VARARGS,
+     "index_referrers(index, objects, targets) -> the positions in objects of referrers(objects, "
+     "targets), from the index (items appended to objects since are indexed first)"},
     {"referrers", engine_referrers, METH_VARARGS,
      "referrers(objects, targets) -> the items of the list objects that refer to any item of the "
      "list targets (as gc.get_referrers, at one lookup a reference)"},

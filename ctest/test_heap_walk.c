@@ -2,6 +2,9 @@
  * of_types picks the objects of the asked types, in order; referrers finds
  * the containers that hold any asked object, through tp_traverse, and
  * never the two lists themselves; each list is fresh and owns its items.
+ * The referrer index (referrer_index.c) answers as referrers does, from
+ * one walk, for a heap large enough that its tables grow, and for items
+ * appended to the heap after it was built.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +12,7 @@
 #include <cmocka.h>
 
 #include "heap_walk.h"
+#include "referrer_index.h"
 
 static PyObject *
 list_of(Py_ssize_t n, ...)
@@ -87,6 +91,84 @@ test_referrers_are_the_holders_of_any_target(void **state)
     Py_DECREF(c);
 }
 
+
+/* The positions ReferrerIndex_referrers gives, as the objects they name,
+ * equal HeapWalk_referrers' answer over the same heap. */
+static void
+assert_same_referrers(ReferrerIndex *index, PyObject *heap, PyObject *targets)
+{
+    PyObject *scanned = HeapWalk_referrers(heap, targets);
+    PyObject *positions = ReferrerIndex_referrers(index, heap, targets);
+    assert_non_null(scanned);
+    assert_non_null(positions);
+    assert_int_equal(PyList_GET_SIZE(positions), PyList_GET_SIZE(scanned));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(positions); i++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
+        assert_ptr_equal(PyList_GET_ITEM(heap, at), PyList_GET_ITEM(scanned, i));
+    }
+    Py_DECREF(scanned);
+    Py_DECREF(positions);
+}
+
+static void
+test_the_referrer_index_answers_as_the_walk(void **state)
+{
+    (void)state;
+    enum { LEAVES = 3000 };
+    /* leaves[i] is held by holders[i] (a list), by every tenth dict, and
+     * by a tuple with a string and a number (references not indexed) */
+    PyObject *leaves = PyList_New(LEAVES), *heap = PyList_New(0);
+    for (Py_ssize_t i = 0; i < LEAVES; i++)
+        PyList_SET_ITEM(leaves, i, PyList_New(0));
+    for (Py_ssize_t i = 0; i < LEAVES; i++) {
+        PyObject *leaf = PyList_GET_ITEM(leaves, i);
+        PyObject *holder = list_of(1, leaf);
+        PyObject *text = PyUnicode_FromFormat("leaf %zd", i), *number = PyLong_FromSsize_t(i);
+        PyObject *tuple = PyTuple_Pack(3, text, number, leaf);
+        assert_int_equal(PyList_Append(heap, holder), 0);
+        assert_int_equal(PyList_Append(heap, tuple), 0);
+        if (i % 10 == 0) {   /* a dict holding this leaf and the nine before it */
+            PyObject *d = PyDict_New();
+            for (Py_ssize_t j = i < 9 ? 0 : i - 9; j <= i; j++) {
+                PyObject *key = PyLong_FromSsize_t(j);
+                assert_int_equal(PyDict_SetItem(d, key, PyList_GET_ITEM(leaves, j)), 0);
+                Py_DECREF(key);
+            }
+            assert_int_equal(PyList_Append(heap, d), 0);
+            Py_DECREF(d);
+        }
+        Py_DECREF(holder);
+        Py_DECREF(tuple);
+        Py_DECREF(text);
+        Py_DECREF(number);
+    }
+    ReferrerIndex index;
+    assert_int_equal(ReferrerIndex_init(&index), 0);
+    assert_int_equal(ReferrerIndex_add(&index, heap), 0);
+    assert_true(index.mask + 1 > 1024);     /* the table grew */
+    assert_true(index.n_edges > 4096);      /* and the edges */
+    PyObject *one = list_of(1, PyList_GET_ITEM(leaves, 7));
+    PyObject *some = list_of(3, PyList_GET_ITEM(leaves, 2999), PyList_GET_ITEM(leaves, 10),
+                             PyList_GET_ITEM(leaves, 11));
+    PyObject *unheld = list_of(1, heap);
+    assert_same_referrers(&index, heap, one);
+    assert_same_referrers(&index, heap, some);
+    assert_same_referrers(&index, heap, unheld);
+    /* an item appended later is indexed at the next question */
+    PyObject *late = list_of(2, PyList_GET_ITEM(leaves, 7), PyList_GET_ITEM(leaves, 10));
+    assert_int_equal(PyList_Append(heap, late), 0);
+    assert_same_referrers(&index, heap, one);
+    assert_same_referrers(&index, heap, some);
+    assert_int_equal(index.covered, PyList_GET_SIZE(heap));
+    ReferrerIndex_fini(&index);
+    Py_DECREF(late);
+    Py_DECREF(one);
+    Py_DECREF(some);
+    Py_DECREF(unheld);
+    Py_DECREF(heap);
+    Py_DECREF(leaves);
+}
+
 int
 main(void)
 {
@@ -108,6 +190,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_of_types_keeps_the_asked_types_in_order),
         cmocka_unit_test(test_referrers_are_the_holders_of_any_target),
+        cmocka_unit_test(test_the_referrer_index_answers_as_the_walk),
     };
     /* No Py_FinalizeEx: CPython frees only part of its own state there
      * (static types, interned strings), which valgrind would report as

@@ -41,3 +41,33 @@ def referrers(heap: list, targets: list) -> list:
     at one lookup a reference instead of one comparison per target (the
     holder search asks about hundreds of objects a level)."""
     return _engine.referrers(heap, targets)
+
+
+class ReferrerIndex:
+    """Who refers to what over one heap snapshot, built in one walk (the
+    engine's referrer_index): the holder search asks it once a level
+    instead of walking the whole heap each level (about 70 ms a level over
+    700 thousand objects).  Items appended to the heap list later are
+    indexed when next asked.  An instance dict the search made (reading an
+    instance's attributes makes one on 3.11+) is referred to by its owner
+    only since then: :meth:`made` says whose it is."""
+
+    def __init__(self, heap: list) -> None:
+        self.heap = heap
+        self._index = _engine.referrer_index(heap)
+        self._owners: dict[int, int] = {}   # id(made dict) -> its owner's position in heap
+
+    def made(self, made_dict, owner_position: int) -> None:
+        self._owners[id(made_dict)] = owner_position
+
+    def referrers(self, targets: list) -> tuple[list, list]:
+        """(positions, objects) in the heap of what refers to any of
+        targets, in heap order: referrers(heap, targets)."""
+        positions = _engine.index_referrers(self._index, self.heap, targets)
+        owners = self._owners
+        if owners:
+            extra = [owners[id(t)] for t in targets if id(t) in owners]
+            if extra:
+                positions = sorted(set(positions).union(extra))
+        heap = self.heap
+        return positions, [heap[i] for i in positions]

@@ -31,7 +31,7 @@ from collections import deque
 
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
-from ..engine.heap import heap_objects, referrers, tensor_objects
+from ..engine.heap import ReferrerIndex, heap_objects, tensor_objects
 from ..judging.findings import Leak, LeakedTensor, LeakSite
 from ..sizes import format_size
 
@@ -440,10 +440,10 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
                limit: int = 2, proven: set[int] | None = None,
                params: dict[int, str] | None = None) -> dict[int, list[str]]:
     """id(target) -> paths of references from roots to it (at most limit
-    each, nearest first).  Breadth-first over all targets at once, one
-    gc.get_referrers scan per level, until HOLDER_DEPTH levels or the
-    deadline (the heap is taken once, and each level's referrers are found
-    in C).  A root is a module's globals, a class, a function's closure,
+    each, nearest first).  Breadth-first over all targets at once, a level
+    of referrers at a time, until HOLDER_DEPTH levels or the deadline (the
+    heap is taken once and indexed in C in one walk: each level then costs
+    lookups, not a walk of the whole heap).  A root is a module's globals, a class, a function's closure,
     a frame's locals, a parameter's value (params: id -> its name, from
     :func:`parameter_roots`).  grads maps id(gradient) -> its tensor (a
     .grad is held in C++, out of the collector's sight).  proven, where
@@ -464,6 +464,7 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
     frontier: dict[int, tuple[object, set]] = {id(t): (t, {id(t)}) for t in targets}
     seen = {(id(t), id(t)) for t in targets}
     heap = heap_objects()
+    index = ReferrerIndex(heap)
     made: list = []   # instance dicts the search read: on the heap from then on
     in_heap: set[int] = set()
     ignore = ignore | {id(found), id(parent), id(frontier), id(seen), id(modules), id(heap), id(targets), id(made)}
@@ -510,10 +511,10 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
             if owner is not None:
                 step(nxt, owner, child, ".grad", tset)
         asked = [obj for obj, _ in frontier.values()]
-        refs = referrers(heap, asked)
+        positions, refs = index.referrers(asked)
         ignore.add(id(refs))
         ignore.add(id(asked))
-        for ref in refs:
+        for position, ref in zip(positions, refs):
             rid = id(ref)
             if rid in ignore or rid in own_frames:
                 continue
@@ -556,7 +557,10 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
                             else (_edge(ref, child) or "") + path_from(child, t)
                         add_root(t, f"class {ref.__module__}.{ref.__qualname__}, attribute {_named(below)}")
                     continue
+                before = len(made)
                 edge = _edge(ref, child, made)
+                for d in made[before:]:
+                    index.made(d, position)
                 if edge is None:
                     continue
                 if isinstance(ref, dict) and rid in modules:
@@ -566,14 +570,14 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
                         proven.update(wanted)
                     continue
                 step(nxt, ref, child, edge, wanted)
-        del refs, asked
+        del refs, asked, positions
         for d in made:   # a referrer from now on, where the snapshot has its owner
             if id(d) not in in_heap:
                 in_heap.add(id(d))
                 heap.append(d)
         made.clear()
         frontier = nxt
-    del heap
+    del heap, index
     return found
 
 
