@@ -21,13 +21,14 @@ def _tensor_types(torch) -> set:
     return out
 
 
-def tensor_objects(torch) -> list:
+def tensor_objects(torch, heap: list | None = None) -> list:
     """Every tensor the garbage collector tracks.  A large process's heap
     holds a million objects: they are picked by exact type in C (the
     engine's of_types), not by a Python loop over each (0.3 s a walk
     there).  By type, not isinstance(): isinstance asks __class__, which
-    some module-level objects answer with a deprecation warning."""
-    return _engine.of_types(gc.get_objects(), _tensor_types(torch))
+    some module-level objects answer with a deprecation warning.  heap: a
+    snapshot already taken (heap_objects()), where the caller has one."""
+    return _engine.of_types(gc.get_objects() if heap is None else heap, _tensor_types(torch))
 
 
 def heap_objects() -> list:

@@ -87,14 +87,14 @@ def first_use_held(leak, torch=None) -> list[str]:
     return out
 
 
-def _live_tensors(torch, device: str, grads: dict) -> list:
+def _live_tensors(torch, device: str, grads: dict, heap: list | None = None) -> list:
     """The tensors the garbage collector tracks on device (dense ones with
     storage; views count through their storage); fills grads with
     id(gradient) -> the tensor whose .grad it is."""
     want_cuda = device != CPU
     index = cuda_index(device) if want_cuda else None
     out = []
-    for obj in tensor_objects(torch):
+    for obj in tensor_objects(torch, heap):
         try:
             grad = obj._grad if obj.is_leaf else None   # _grad: no warning for non-leaves
             if grad is not None:
@@ -204,7 +204,10 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     # for, and the storage is held where any of them is
     found: dict[int, tuple] = {}
     grads: dict[int, object] = {}
-    tensors = _live_tensors(torch, device, grads) if torch is not None else []
+    # One snapshot of the heap for the tensors and the holder search (each
+    # gc.get_objects() of a large heap costs about 60 ms)
+    heap = heap_objects()
+    tensors = _live_tensors(torch, device, grads, heap) if torch is not None else []
     for ptr, nbytes, tensor in tensors:
         i = bisect.bisect_right(addrs, ptr) - 1
         if i < 0:
@@ -226,7 +229,8 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     # a walk of the whole heap per level, for every tensor at once.
     proven: set[int] | None = set() if proof else None
     named = holders_of([t for _, same in found.values() for t in same], ignore, deadline, grads,
-                       limit=1 if deferred else 2, proven=proven, params=params)
+                       limit=1 if deferred else 2, proven=proven, params=params, heap=heap)
+    del heap
     if proven is not None and any(all(id(t) not in proven and id(t) not in excused for t in same)
                                   for _, same in found.values()):
         return None   # a storage perhaps only garbage keeps: the process must be settled first
@@ -438,7 +442,7 @@ def _edge(ref, child, dicts: list | None = None) -> str | None:
 
 def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | None = None,
                limit: int = 2, proven: set[int] | None = None,
-               params: dict[int, str] | None = None) -> dict[int, list[str]]:
+               params: dict[int, str] | None = None, heap: list | None = None) -> dict[int, list[str]]:
     """id(target) -> paths of references from roots to it (at most limit
     each, nearest first).  Breadth-first over all targets at once, a level
     of referrers at a time, until HOLDER_DEPTH levels or the deadline (the
@@ -449,7 +453,8 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
     .grad is held in C++, out of the collector's sight).  proven, where
     given, receives the ids of the targets with a path from a module's
     globals (directly, or through a class or a function that its module
-    names) or from a parameter's value."""
+    names) or from a parameter's value.  heap: a snapshot the caller took
+    (heap_objects()); the search appends to it."""
     modules = _module_dicts()
     params = params or {}
     grads = grads or {}
@@ -463,7 +468,7 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
     parent: dict[tuple[int, int], tuple[object, str]] = {}
     frontier: dict[int, tuple[object, set]] = {id(t): (t, {id(t)}) for t in targets}
     seen = {(id(t), id(t)) for t in targets}
-    heap = heap_objects()
+    heap = heap_objects() if heap is None else heap
     index = ReferrerIndex(heap)
     made: list = []   # instance dicts the search read: on the heap from then on
     in_heap: set[int] = set()
