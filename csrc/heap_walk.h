@@ -13,4 +13,10 @@ PyObject *HeapWalk_of_types(PyObject *objects, PyObject *kinds);
  * targets (neither list itself counts). */
 PyObject *HeapWalk_referrers(PyObject *objects, PyObject *targets);
 
+/* The objects roots reach through tp_traverse (as gc.get_referents), depth
+ * first, each once, at most limit: not modules, classes or functions, nor
+ * objects whose class's module starts with one of the str prefixes (a
+ * tuple), nor through them. */
+PyObject *HeapWalk_reach(PyObject *roots, Py_ssize_t limit, PyObject *prefixes);
+
 #endif

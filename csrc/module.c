@@ -102,6 +102,24 @@ engine_of_types(PyObject *Py_UNUSED(module), PyObject *args)
     return HeapWalk_of_types(objects, kinds);
 }
 
+/* reach(roots, limit, prefixes) -> the objects the list roots reach
+ * (heap_walk.h). */
+static PyObject *
+engine_reach(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *roots, *prefixes;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "O!nO!:reach", &PyList_Type, &roots, &limit, &PyTuple_Type, &prefixes))
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); i++) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(prefixes, i))) {
+            PyErr_SetString(PyExc_TypeError, "reach: prefixes must be str");
+            return NULL;
+        }
+    }
+    return HeapWalk_reach(roots, limit, prefixes);
+}
+
 /* referrers(objects, targets) -> the items of the list objects (the heap:
  * gc.get_objects()) that refer to any item of the list targets. */
 #define REFERRER_INDEX "pytest_memlab.referrer_index"
@@ -286,6 +304,10 @@ static PyMethodDef engine_methods[] = {
     {"index_referrers", engine_index_referrers, METH_VARARGS,
      "index_referrers(index, objects, targets) -> the positions in objects of referrers(objects, "
      "targets), from the index (items appended to objects since are indexed first)"},
+    {"reach", engine_reach, METH_VARARGS,
+     "reach(roots, limit, prefixes) -> the objects the list roots reach through their references, "
+     "depth first, at most limit: not modules, classes, functions, nor objects of classes from modules "
+     "named with one of the str prefixes"},
     {"referrers", engine_referrers, METH_VARARGS,
      "referrers(objects, targets) -> the items of the list objects that refer to any item of the "
      "list targets (as gc.get_referrers, at one lookup a reference)"},
@@ -296,7 +318,7 @@ static PyMethodDef engine_methods[] = {
      "kept(slot, id) -> ((head_max, head_seq, head_site, phases), [(addr, size, "
      "span_max, span_seq, seq, site, span_site, phases)]): the live blocks of a scope whose timeline runs, "
      "in allocation order, with the most own bytes of each one's span, and per phase (forward, backward, "
-     "step) the most while it ran, as (max, site), max -1 where it did not run; None "
+     "step) the most while it ran, as (max, site), max -1 where it did not run (None: none ran); None "
      "where the device does not follow the scope."},
     {"failed", engine_failed, METH_O,
      "failed(slot) -> (count, bytes, site): the requests the device's allocator could not serve, "

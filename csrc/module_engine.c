@@ -377,10 +377,13 @@ engine_unwatch(PyObject *Py_UNUSED(module), PyObject *arg)
 }
 
 /* A span's peak per phase, in the order of tracing.PHASE_NAMES:
- * ((max, site), ...), max -1 where the phase did not run. */
+ * ((max, site), ...), max -1 where the phase did not run; None where none
+ * ran (most tests: a block's tuple costs no more than its own fields). */
 static PyObject *
 phases_tuple(const KeptPhases *p)
 {
+    if (p->max[PHASE_FORWARD] < 0 && p->max[PHASE_BACKWARD] < 0 && p->max[PHASE_STEP] < 0)
+        return Py_NewRef(Py_None);
     return Py_BuildValue("((LI)(LI)(LI))",
                          (long long)p->max[PHASE_FORWARD], p->site[PHASE_FORWARD],
                          (long long)p->max[PHASE_BACKWARD], p->site[PHASE_BACKWARD],
@@ -389,7 +392,7 @@ phases_tuple(const KeptPhases *p)
 
 /* kept(slot, id) -> ((head_max, head_seq, head_site, phases), [(addr, size,
  * span_max, span_seq, seq, site, span_site, phases)]) of open scope id, or
- * None where the device does not follow it (kept.h). */
+ * None where the device does not follow it (kept.h); phases: phases_tuple. */
 PyObject *
 engine_kept(PyObject *Py_UNUSED(module), PyObject *args)
 {

@@ -169,6 +169,56 @@ test_the_referrer_index_answers_as_the_walk(void **state)
     Py_DECREF(leaves);
 }
 
+/* reach: depth first from the roots (the last referent pushed is visited
+ * next), each object once, at most limit; classes, modules and functions
+ * and objects of classes from the named modules are neither listed nor
+ * walked through. */
+static void
+test_reach_walks_depth_first_and_stops_where_told(void **state)
+{
+    (void)state;
+    PyObject *globals = PyDict_New();
+    assert_int_equal(PyDict_SetItemString(globals, "__builtins__", PyEval_GetBuiltins()), 0);
+    PyObject *r = PyRun_String(
+        "class Machinery: pass\n"
+        "Machinery.__module__ = '_pytest.fixtures'\n"
+        "class Plain: pass\n"
+        "deep = [1]\n"
+        "hidden = ['behind the machinery']\n"
+        "m = Machinery(); m.x = hidden\n"
+        "p = Plain(); p.items = [deep, m, len, Plain]\n"
+        "roots = [p, deep]\n",
+        Py_file_input, globals, globals);
+    assert_non_null(r);
+    Py_DECREF(r);
+    PyObject *roots = PyDict_GetItemString(globals, "roots");
+    PyObject *p = PyDict_GetItemString(globals, "p"), *deep = PyDict_GetItemString(globals, "deep");
+    PyObject *prefixes = Py_BuildValue("(ss)", "_pytest.", "pluggy.");
+    PyObject *reached = HeapWalk_reach(roots, 1000, prefixes);
+    assert_non_null(reached);
+    /* deep (the last root) first, then p, its attributes and items (len, a
+     * builtin, is no function): never m, hidden or the class */
+    assert_ptr_equal(PyList_GET_ITEM(reached, 0), deep);
+    int saw_p = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(reached); i++) {
+        PyObject *obj = PyList_GET_ITEM(reached, i);
+        saw_p |= obj == p;
+        assert_ptr_not_equal(obj, PyDict_GetItemString(globals, "m"));
+        assert_ptr_not_equal(obj, PyDict_GetItemString(globals, "hidden"));
+        assert_false(PyType_Check(obj));
+        for (Py_ssize_t j = 0; j < i; j++)
+            assert_ptr_not_equal(obj, PyList_GET_ITEM(reached, j));
+    }
+    assert_true(saw_p);
+    Py_DECREF(reached);
+    reached = HeapWalk_reach(roots, 2, prefixes);
+    assert_non_null(reached);
+    assert_int_equal(PyList_GET_SIZE(reached), 2);
+    Py_DECREF(reached);
+    Py_DECREF(prefixes);
+    Py_DECREF(globals);
+}
+
 int
 main(void)
 {
@@ -191,6 +241,7 @@ main(void)
         cmocka_unit_test(test_of_types_keeps_the_asked_types_in_order),
         cmocka_unit_test(test_referrers_are_the_holders_of_any_target),
         cmocka_unit_test(test_the_referrer_index_answers_as_the_walk),
+        cmocka_unit_test(test_reach_walks_depth_first_and_stops_where_told),
     };
     /* No Py_FinalizeEx: CPython frees only part of its own state there
      * (static types, interned strings), which valgrind would report as

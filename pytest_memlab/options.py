@@ -365,6 +365,12 @@ class Options:
         return any(part.startswith(("json:", "html:")) for part in self.report or ())
 
     @cached_property
+    def kinds_kept(self) -> bool:
+        """Whether every test's memory by kind is kept: the JSON and HTML
+        reports show it, a baseline being written stores it."""
+        return self.detail or bool(self.update_baseline)
+
+    @cached_property
     def terminal_table(self) -> bool:
         return "term" in (self.report or ())
 

@@ -102,7 +102,7 @@ def peak_without_kept(raw, transient=frozenset()) -> Kept | None:
     if raw is None:
         return None
     (best, seq, site, head_phases), blocks = raw
-    phases = {name: (most, at) for name, (most, at) in zip(PHASE_NAMES, head_phases) if most >= 0}
+    phases = {name: (most, at) for name, (most, at) in zip(PHASE_NAMES, head_phases or ()) if most >= 0}
     cum = 0
     kept = []
     for addr, size, span_max, span_seq, alloc_seq, alloc_site, span_site, span_phases in blocks:
@@ -111,6 +111,8 @@ def peak_without_kept(raw, transient=frozenset()) -> Kept | None:
             kept.append((addr, size, alloc_seq, alloc_site))
         if span_max - cum > best:
             best, seq, site = span_max - cum, span_seq, span_site
+        if span_phases is None:   # no phase ran in its span
+            continue
         for name, (most, at) in zip(PHASE_NAMES, span_phases):
             if most >= 0 and (name not in phases or most - cum > phases[name][0]):
                 phases[name] = (most - cum, at)

@@ -31,7 +31,8 @@ from collections import deque
 
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
-from ..engine.heap import ReferrerIndex, heap_objects, tensor_objects
+from .. import _engine
+from ..engine.heap import ReferrerIndex, _tensor_types, heap_objects, tensor_objects
 from ..judging.findings import Leak, LeakedTensor, LeakSite
 from ..sizes import format_size
 
@@ -318,7 +319,7 @@ def released_by_pytest(item, failure=None, limit: int = 20000) -> tuple[set[int]
     objects reachable from them, within limit; ids of pytest's containers
     to look past)."""
     roots, look_past = _held_by_pytest(item, failure)
-    return set(_reach(roots, limit)), look_past
+    return {id(obj) for obj in _reach(roots, limit)}, look_past
 
 
 def storages_held_by_pytest(item, failure, torch, limit: int = 20000) -> set[int]:
@@ -327,12 +328,11 @@ def storages_held_by_pytest(item, failure, torch, limit: int = 20000) -> set[int
     its teardown, while its own frames still say so, without a heap walk."""
     roots, _ = _held_by_pytest(item, failure)
     out = set()
-    for obj in _reach(roots, limit).values():
-        if issubclass(type(obj), torch.Tensor):
-            try:
-                out.add(obj.untyped_storage().data_ptr())
-            except Exception:   # sparse, meta or fake tensors: no storage of their own
-                pass
+    for obj in _engine.of_types(_reach(roots, limit), _tensor_types(torch)):
+        try:
+            out.add(obj.untyped_storage().data_ptr())
+        except Exception:   # sparse, meta or fake tensors: no storage of their own
+            pass
     return out
 
 
@@ -370,20 +370,13 @@ def _machinery_file(filename: str) -> bool:
     return filename.startswith(_MACHINERY) or filename == __file__
 
 
-def _reach(roots: list, limit: int) -> dict[int, object]:
-    """id -> object of what roots reach through containers and attributes
-    (not through modules, classes or functions, nor into pytest's objects:
-    a request reaches the session and every test), within limit."""
-    reached: dict[int, object] = {}
-    stack = list(roots)
-    while stack and len(reached) < limit:
-        obj = stack.pop()
-        if id(obj) in reached or isinstance(obj, (types.ModuleType, type, types.FunctionType)) \
-                or str(type(obj).__module__).startswith(_MACHINERY_MODULES):
-            continue
-        reached[id(obj)] = obj
-        stack.extend(gc.get_referents(obj))
-    return reached
+def _reach(roots: list, limit: int) -> list:
+    """What roots reach through containers and attributes (not through
+    modules, classes or functions, nor into pytest's objects: a request
+    reaches the session and every test), within limit, depth first: the
+    engine's reach, in C (a parametrized module's twenty thousand objects
+    cost 1.6 ms a test in a Python loop)."""
+    return _engine.reach(list(roots), limit, _MACHINERY_MODULES)
 
 
 # -- who holds an object -------------------------------------------------------
