@@ -216,17 +216,18 @@ tracer_redecide(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 }
 
 static PyObject *
-tracer_line_stats(PyObject *Py_UNUSED(module), PyObject *arg)
+tracer_line_stats(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    long slot = PyLong_AsLong(arg);
-    if (slot == -1 && PyErr_Occurred())
+    long slot;
+    int allocated_only = 0;
+    if (!PyArg_ParseTuple(args, "l|p:tracer_line_stats", &slot, &allocated_only))
         return NULL;
     if (slot < 0 || slot >= LINE_SLOTS) {
         PyErr_Format(PyExc_ValueError, "device slot %ld has no line figures "
                      "(0..%d do)", slot, LINE_SLOTS - 1);
         return NULL;
     }
-    return Tracer_line_stats((int)slot);
+    return Tracer_line_stats((int)slot, allocated_only);
 }
 
 static PyObject *
@@ -373,10 +374,11 @@ static PyMethodDef engine_methods[] = {
      "tracer_unpark(): turn off the events a parked tracer left on."},
     {"tracer_redecide", tracer_redecide, METH_NOARGS,
      "tracer_redecide(): decide every code object's scope again."},
-    {"tracer_line_stats", tracer_line_stats, METH_O,
-     "tracer_line_stats(slot) -> [(line_id, code, lineno, hits, allocated, "
+    {"tracer_line_stats", tracer_line_stats, METH_VARARGS,
+     "tracer_line_stats(slot, allocated_only=False) -> [(line_id, code, lineno, hits, allocated, "
      "peak_total, peak_reserved, last_total)]: the lines run or allocating "
-     "since the last reset, with their figures on device slot 0..3."},
+     "since the last reset (with allocated_only, those that allocated), with their figures on "
+     "device slot 0..3."},
     {"tracer_phases", tracer_phases, METH_NOARGS,
      "tracer_phases() -> ([(kind, slot, seq, label)], dropped): the phases "
      "(PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP; negated where one ended, "

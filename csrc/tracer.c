@@ -427,7 +427,7 @@ Tracer_line(uint32_t line)
 }
 
 PyObject *
-Tracer_line_stats(int slot)
+Tracer_line_stats(int slot, int allocated_only)
 {
     PyObject *result = PyList_New(0);
     if (result == NULL)
@@ -443,7 +443,7 @@ Tracer_line_stats(int slot)
             continue;
         uint64_t hits = atomic_load_explicit(&r->hits, memory_order_relaxed);
         long long alloc = atomic_load_explicit(&r->alloc[slot], memory_order_relaxed);
-        if (hits == 0 && alloc == 0)
+        if ((hits == 0 && alloc == 0) || (allocated_only && alloc <= 0))
             continue;
         PyObject *t = Py_BuildValue(
             "(IOiKLLLL)", id, PyList_GET_ITEM(T.codes, r->code - 1), r->lineno,

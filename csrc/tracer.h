@@ -33,8 +33,9 @@ PyObject *Tracer_unpark(void);
 /* Forget scope decisions (the rules changed): re-decide every code. */
 PyObject *Tracer_redecide(void);
 /* Lines touched since the last reset, with their figures on one device
- * slot (< LINE_SLOTS). */
-PyObject *Tracer_line_stats(int slot);
+ * slot (< LINE_SLOTS); with allocated_only, only those that allocated
+ * there (a test's heaviest lines: a test runs hundreds of lines). */
+PyObject *Tracer_line_stats(int slot, int allocated_only);
 /* Also forgets the phases. */
 PyObject *Tracer_reset_lines(void);
 /* The phases since the last reset: ([(kind, slot, seq, label)], dropped). */

@@ -167,9 +167,12 @@ class LineStat:
                 f"peak_total={self.peak_total})")
 
 
-def line_stats(slot: int, codes=None) -> list[LineStat]:
+def line_stats(slot: int, codes=None, allocated_only: bool = False) -> list[LineStat]:
     """Per-line figures for a device slot (0 the CPU, 1 + i cuda:i): the
-    lines that ran or allocated since the tracer's lines were last reset."""
+    lines that ran or allocated since the tracer's lines were last reset
+    (with allocated_only, those that allocated on it: a test's heaviest
+    lines, of the hundreds it ran)."""
     if slot >= engine.LINE_SLOTS:
         return []
-    return [LineStat(*row[1:]) for row in engine.tracer_line_stats(slot) if codes is None or row[1] in codes]
+    return [LineStat(*row[1:]) for row in engine.tracer_line_stats(slot, allocated_only)
+            if codes is None or row[1] in codes]

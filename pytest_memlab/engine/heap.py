@@ -31,6 +31,20 @@ def tensor_objects(torch, heap: list | None = None) -> list:
     return _engine.of_types(gc.get_objects() if heap is None else heap, _tensor_types(torch))
 
 
+def tensors_among(objects: list, torch) -> list:
+    """The tensors of the list objects (by exact type, as tensor_objects)."""
+    return _engine.of_types(objects, _tensor_types(torch))
+
+
+def reach(roots, limit: int, prefixes: tuple) -> list:
+    """What roots reach through their references (as gc.get_referents),
+    depth first, each once, at most limit: not modules, classes or
+    functions, nor objects of classes from modules named with one of
+    prefixes, nor through them.  In C: a parametrized module reaches twenty
+    thousand objects, 1.6 ms a test in a Python loop."""
+    return _engine.reach(list(roots), limit, prefixes)
+
+
 def heap_objects() -> list:
     """Every object the garbage collector tracks (a snapshot: the holder
     search walks it once a level)."""

@@ -31,8 +31,7 @@ from collections import deque
 
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
-from .. import _engine
-from ..engine.heap import ReferrerIndex, _tensor_types, heap_objects, tensor_objects
+from ..engine.heap import ReferrerIndex, heap_objects, reach, tensor_objects, tensors_among
 from ..judging.findings import Leak, LeakedTensor, LeakSite
 from ..sizes import format_size
 
@@ -328,7 +327,7 @@ def storages_held_by_pytest(item, failure, torch, limit: int = 20000) -> set[int
     its teardown, while its own frames still say so, without a heap walk."""
     roots, _ = _held_by_pytest(item, failure)
     out = set()
-    for obj in _engine.of_types(_reach(roots, limit), _tensor_types(torch)):
+    for obj in tensors_among(_reach(roots, limit), torch):
         try:
             out.add(obj.untyped_storage().data_ptr())
         except Exception:   # sparse, meta or fake tensors: no storage of their own
@@ -373,10 +372,8 @@ def _machinery_file(filename: str) -> bool:
 def _reach(roots: list, limit: int) -> list:
     """What roots reach through containers and attributes (not through
     modules, classes or functions, nor into pytest's objects: a request
-    reaches the session and every test), within limit, depth first: the
-    engine's reach, in C (a parametrized module's twenty thousand objects
-    cost 1.6 ms a test in a Python loop)."""
-    return _engine.reach(list(roots), limit, _MACHINERY_MODULES)
+    reaches the session and every test), within limit, depth first."""
+    return reach(roots, limit, _MACHINERY_MODULES)
 
 
 # -- who holds an object -------------------------------------------------------

@@ -139,7 +139,7 @@ class Measurement:
             if not fig.measured or meter.__class__ is not EngineMeter:
                 continue
             if self._traced_once and self.lines:
-                fig.lines = line_stats(meter.slot)
+                fig.lines = line_stats(meter.slot, allocated_only=True)   # the reports read those
             if meter.log:
                 fig.alloc_log = meter.take_alloc_log()
         for device, reason in self.unmeasured.items():

@@ -27,7 +27,7 @@ from ..measuring.leak_search import HOLDER_SECONDS, first_use_held, parameter_ro
 from ..measuring.leak_suspects import LeakSuspects
 from ..options import FILE_REPORTS
 from ..reports import dashboards, html_report, json_report, pr_summary
-from ..reports.results import TestResult, decode
+from ..reports.results import TestResult, compact, decode
 from ..reports.terminal import baseline_summary, summary
 from .gpu_pinning import plan_gpus
 from .ranks import RankSide, default_folder, rank_environment
@@ -146,7 +146,7 @@ class MemlabSession:
             if result is None:
                 return
         result.outcome = "error" if report.outcome == "failed" and outcome == "passed" else outcome
-        self.results[nodeid] = result
+        self.results[nodeid] = compact(result)
 
     @staticmethod
     def own_environment() -> dict:
@@ -250,7 +250,7 @@ class MemlabSession:
                 if not found.get("key"):
                     continue
                 if result is not None and found["key"] not in result.warned:
-                    result.warned = sorted(result.warned + [found["key"]])
+                    result.warned = sorted([*result.warned, found["key"]])
                     if d is not None and d.detail is not None:
                         d.detail["leak"] = found["text"]
                 file, line = (found.get("location") or ["", 0])[:2]
@@ -263,7 +263,7 @@ class MemlabSession:
                     said = (f"{nodeid}: {found['text'].splitlines()[0]} (its MemlabLeakWarning was "
                             "raised as an error by the warnings filter)")
                     if result is not None:
-                        result.said.append(said)
+                        result.said = [*result.said, said]
                     else:
                         self.lines.append((said, True))
         merged: dict = {}   # the same holder, filled on several workers
