@@ -3,14 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Allocator addresses are aligned (16 bytes on CPU, 512 on CUDA), so the low
- * bits carry nothing; Fibonacci hashing spreads the rest over the table. */
-static inline size_t
-hash_addr(uintptr_t addr, size_t mask)
-{
-    uint64_t h = (uint64_t)(addr >> 4) * UINT64_C(0x9E3779B97F4A7C15);
-    return (size_t)(h >> 32) & mask;
-}
+#include "addr_hash.h"
+
 
 int
 Ledger_init(Ledger *self, size_t capacity)
@@ -65,7 +59,7 @@ Ledger_clear(Ledger *self)
 Block *
 Ledger_find(const Ledger *self, uintptr_t addr)
 {
-    size_t i = hash_addr(addr, self->mask);
+    size_t i = addr_hash(addr) & self->mask;
     for (;;) {
         Block *b = &self->slots[i];
         if (b->addr == addr)
@@ -90,7 +84,7 @@ Ledger_grow(Ledger *self)
     for (size_t j = 0; j < old_cap; j++) {
         if (old[j].addr == 0)
             continue;
-        size_t i = hash_addr(old[j].addr, self->mask);
+        size_t i = addr_hash(old[j].addr) & self->mask;
         while (slots[i].addr != 0)
             i = (i + 1) & self->mask;
         slots[i] = old[j];
@@ -105,7 +99,7 @@ Ledger_insert(Ledger *self, uintptr_t addr, int *created)
     /* Load factor at most 1/2 keeps probe runs short. */
     if ((self->count + 1) * 2 > self->mask + 1 && Ledger_grow(self) < 0)
         return NULL;
-    size_t i = hash_addr(addr, self->mask);
+    size_t i = addr_hash(addr) & self->mask;
     for (;;) {
         Block *b = &self->slots[i];
         if (b->addr == addr) {
@@ -126,7 +120,7 @@ Ledger_insert(Ledger *self, uintptr_t addr, int *created)
 int
 Ledger_remove(Ledger *self, uintptr_t addr, Block *out)
 {
-    size_t i = hash_addr(addr, self->mask);
+    size_t i = addr_hash(addr) & self->mask;
     for (;;) {
         if (self->slots[i].addr == addr)
             break;
@@ -144,7 +138,7 @@ Ledger_remove(Ledger *self, uintptr_t addr, Block *out)
         j = (j + 1) & self->mask;
         if (self->slots[j].addr == 0)
             break;
-        size_t home = hash_addr(self->slots[j].addr, self->mask);
+        size_t home = addr_hash(self->slots[j].addr) & self->mask;
         int stays = (hole <= j) ? (hole < home && home <= j)
                                 : (hole < home || home <= j);
         if (!stays) {

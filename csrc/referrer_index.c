@@ -12,15 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t
-hash_addr(uintptr_t addr)
-{
-    uint64_t x = (uint64_t)addr >> 4;   /* objects are 16-byte aligned */
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return (size_t)x;
-}
+#include "addr_hash.h"
 
 int
 ReferrerIndex_init(ReferrerIndex *self)
@@ -44,7 +36,7 @@ ReferrerIndex_fini(ReferrerIndex *self)
 static RefSlot *
 find_slot(RefSlot *slots, size_t mask, uintptr_t key)
 {
-    size_t i = hash_addr(key) & mask;
+    size_t i = addr_hash(key) & mask;
     while (slots[i].key != 0 && slots[i].key != key)
         i = (i + 1) & mask;
     return &slots[i];

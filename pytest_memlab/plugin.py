@@ -135,12 +135,11 @@ class MemlabPlugin:
             # run no user code: no bracket, no trace window
             return (yield)
         item, run = self._running
-        if fixturedef.scope == "function" and not WINDOWED:
-            # 3.12+: a function fixture needs no window (one shared no-op)
-            # and no detached scope: only counted (about six a test)
-            run.fixtures += request.node is item
-            return (yield)
         started = run.fixture_begin(fixturedef.scope, request.node is item)
+        if not started and not WINDOWED:
+            # 3.12+: no detached scope (a function fixture, about six a
+            # test) and no window to open (one shared no-op)
+            return (yield)
         try:
             with self.current.window():
                 return (yield)

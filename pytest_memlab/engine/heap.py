@@ -21,19 +21,15 @@ def _tensor_types(torch) -> set:
     return out
 
 
-def tensor_objects(torch, heap: list | None = None) -> list:
-    """Every tensor the garbage collector tracks.  A large process's heap
-    holds a million objects: they are picked by exact type in C (the
-    engine's of_types), not by a Python loop over each (0.3 s a walk
-    there).  By type, not isinstance(): isinstance asks __class__, which
-    some module-level objects answer with a deprecation warning.  heap: a
-    snapshot already taken (heap_objects()), where the caller has one."""
-    return _engine.of_types(gc.get_objects() if heap is None else heap, _tensor_types(torch))
-
-
-def tensors_among(objects: list, torch) -> list:
-    """The tensors of the list objects (by exact type, as tensor_objects)."""
-    return _engine.of_types(objects, _tensor_types(torch))
+def tensor_objects(torch, objects: list | None = None) -> list:
+    """The tensors among objects, by default every object the garbage
+    collector tracks.  A large process's heap holds a million objects: they
+    are picked by exact type in C (the engine's of_types), not by a Python
+    loop over each (0.3 s a walk there).  By type, not isinstance():
+    isinstance asks __class__, which some module-level objects answer with
+    a deprecation warning.  objects: a heap snapshot already taken
+    (heap_objects()), or what a walk reached."""
+    return _engine.of_types(gc.get_objects() if objects is None else objects, _tensor_types(torch))
 
 
 def reach(roots, limit: int, prefixes: tuple) -> list:
@@ -49,13 +45,6 @@ def heap_objects() -> list:
     """Every object the garbage collector tracks (a snapshot: the holder
     search walks it once a level)."""
     return gc.get_objects()
-
-
-def referrers(heap: list, targets: list) -> list:
-    """The objects of heap that refer to any of targets: gc.get_referrers,
-    at one lookup a reference instead of one comparison per target (the
-    holder search asks about hundreds of objects a level)."""
-    return _engine.referrers(heap, targets)
 
 
 class ReferrerIndex:
@@ -77,7 +66,7 @@ class ReferrerIndex:
 
     def referrers(self, targets: list) -> tuple[list, list]:
         """(positions, objects) in the heap of what refers to any of
-        targets, in heap order: referrers(heap, targets)."""
+        targets, in heap order: the engine's referrers(heap, targets)."""
         positions = _engine.index_referrers(self._index, self.heap, targets)
         owners = self._owners
         if owners:

@@ -31,7 +31,7 @@ from collections import deque
 
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
-from ..engine.heap import ReferrerIndex, heap_objects, reach, tensor_objects, tensors_among
+from ..engine.heap import ReferrerIndex, heap_objects, reach, tensor_objects
 from ..judging.findings import Leak, LeakedTensor, LeakSite
 from ..sizes import format_size
 
@@ -327,7 +327,7 @@ def storages_held_by_pytest(item, failure, torch, limit: int = 20000) -> set[int
     its teardown, while its own frames still say so, without a heap walk."""
     roots, _ = _held_by_pytest(item, failure)
     out = set()
-    for obj in tensors_among(_reach(roots, limit), torch):
+    for obj in tensor_objects(torch, _reach(roots, limit)):
         try:
             out.add(obj.untyped_storage().data_ptr())
         except Exception:   # sparse, meta or fake tensors: no storage of their own
@@ -437,8 +437,9 @@ def holders_of(targets: list, ignore: set[int], deadline: float, grads: dict | N
     each, nearest first).  Breadth-first over all targets at once, a level
     of referrers at a time, until HOLDER_DEPTH levels or the deadline (the
     heap is taken once and indexed in C in one walk: each level then costs
-    lookups, not a walk of the whole heap).  A root is a module's globals, a class, a function's closure,
-    a frame's locals, a parameter's value (params: id -> its name, from
+    lookups, not a walk of the whole heap).  A root is a module's globals,
+    a class, a function's closure, a frame's locals, a parameter's value
+    (params: id -> its name, from
     :func:`parameter_roots`).  grads maps id(gradient) -> its tensor (a
     .grad is held in C++, out of the collector's sight).  proven, where
     given, receives the ids of the targets with a path from a module's
