@@ -100,6 +100,9 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds: start no round or breakdown run that would end past this")
     ap.add_argument("--breakdown", action="store_true", help="also the runs of BREAKDOWN, once each")
+    ap.add_argument("--measured-first", action="store_true",
+                    help="the first round measures first (then alternating): rounds split over several "
+                         "calls of a host whose speed drifts still alternate the order")
     ap.add_argument("--measured", default="--memlab-report",
                     help="the measured runs' memlab options (default: --memlab-report); e.g. '--memlab', "
                          "or with -n 4 and the reports")
@@ -125,7 +128,7 @@ def main() -> int:
                 break
             print(f"round {r + 1}", flush=True)
             # odd rounds measure first: a drifting host favours neither
-            for measured in (False, True) if r % 2 == 0 else (True, False):
+            for measured in (False, True) if (r + args.measured_first) % 2 == 0 else (True, False):
                 junit = os.path.join(tmp, f"{'on' if measured else 'off'}-{r}.xml")
                 times[measured].append(run(args.suite, extra, junit, measured,
                                            measured_args if measured else unmeasured_args, cpu=cpus[measured]))
