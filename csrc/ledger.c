@@ -5,7 +5,6 @@
 
 #include "addr_hash.h"
 
-
 int
 Ledger_init(Ledger *self, size_t capacity)
 {

@@ -66,7 +66,10 @@ class ReferrerIndex:
 
     def referrers(self, targets: list) -> tuple[list, list]:
         """(positions, objects) in the heap of what refers to any of
-        targets, in heap order: the engine's referrers(heap, targets)."""
+        targets, in heap order: the engine's referrers(heap, targets) for
+        targets the collector tracks, which are all the holder search asks
+        about (tensors and their holders).  The index keeps no reference to
+        an untracked object or a class."""
         positions = _engine.index_referrers(self._index, self.heap, targets)
         owners = self._owners
         if owners:
