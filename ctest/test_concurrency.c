@@ -361,6 +361,7 @@ fake_line_of(const void *code_obj, int lasti)
 typedef struct Reader {
     World *world;
     long reads;
+    atomic_int started;         /* the first read is done */
 } Reader;
 
 static void *
@@ -374,6 +375,7 @@ read_located(void *arg)
         (void)ShadowStack_attribute(w->stack, &w->clock, 0, CUDA0, 8,
                                     r->reads, r->reads);
         r->reads++;
+        atomic_store_explicit(&r->started, 1, memory_order_relaxed);
     }
     return NULL;
 }
@@ -396,11 +398,16 @@ test_located_frames_read_while_they_come_and_go(void **state)
     Reader readers[THREADS];
     pthread_t threads[THREADS];
     for (int i = 0; i < THREADS; i++) {
-        readers[i] = (Reader){w, 0};
+        readers[i] = (Reader){w, 0, 0};
         assert_int_equal(pthread_create(&threads[i], NULL, read_located,
                                         &readers[i]), 0);
     }
     atomic_store(&w->go, 1);
+    /* The frames come and go while a reader reads: under valgrind, which
+     * runs one thread at a time, the rounds could otherwise all pass
+     * before any reader is scheduled. */
+    while (!atomic_load_explicit(&readers[0].started, memory_order_relaxed))
+        sched_yield();
     for (int round = 0; round < 2000; round++) {
         atomic_store_explicit(&outer->lasti, round, memory_order_relaxed);
         FakeFrame *inner = calloc(1, sizeof(FakeFrame));
