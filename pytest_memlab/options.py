@@ -18,9 +18,34 @@ FILE_REPORTS = {"json": "JSON", "html": "HTML", "bmf": "Bencher (BMF)", "gab": "
 REPORT_KINDS = ("term", *(f"{kind}:PATH" for kind in FILE_REPORTS))
 
 
+def _suggestion(part: str) -> str:
+    """What a part that is no report was probably meant as: a misspelt
+    kind (``jsn:r.json``: json:r.json), a file without its kind
+    (``reports/r.json``: json:reports/r.json), or nothing."""
+    import difflib
+
+    kind, colon, path = part.partition(":")
+    if colon and path.strip():
+        close = difflib.get_close_matches(kind.strip().lower(), [*FILE_REPORTS, "term"], n=1, cutoff=0.6)
+        if close and close[0] in FILE_REPORTS:
+            return f"{close[0]}:{path.strip()}"
+        return ""
+    if colon:
+        return ""
+    if part.lower() in FILE_REPORTS:
+        return f"{part.lower()}:PATH"
+    if difflib.get_close_matches(part.lower(), ["term"], n=1, cutoff=0.7):
+        return "term"
+    suffix = os.path.splitext(part)[1].lower().lstrip(".")
+    kind = {"htm": "html"}.get(suffix, suffix)
+    return f"{kind}:{part}" if kind in FILE_REPORTS else ""
+
+
 def report_spec(value: str) -> tuple[str, ...]:
     """Checks --memlab-report=SPEC at parse time: a comma list of ``term``
-    and KIND:PATH for each report written to a file (json, html, bmf, gab)."""
+    and KIND:PATH for each report written to a file (json, html, bmf, gab).
+    The error names the part that is wrong, the kinds there are and, where
+    one is plain, the part meant (``jsn:r.json``: json:r.json)."""
     parts = tuple(p.strip() for p in value.split(",") if p.strip()) or ("term",)
     for part in parts:
         kind, _, path = part.partition(":")
@@ -29,23 +54,50 @@ def report_spec(value: str) -> tuple[str, ...]:
                 raise argparse.ArgumentTypeError(f"{part!r} names no file (write {kind}:PATH)")
             continue
         if part != "term":
+            meant = _suggestion(part)
             raise argparse.ArgumentTypeError(
                 f"{part!r} is not a report (expected a comma list of: {', '.join(REPORT_KINDS)})"
+                + (f"; did you mean {meant}?" if meant else "")
             )
     return parts
 
 
-def _looks_like_a_path(value: str) -> bool:
+# A value that begins with a word and one colon (``jsn:reports/a.json``) is
+# a report's KIND:PATH, mistyped; a path to test has at most a node id's
+# double colon, or on Windows a drive letter.
+_KIND_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_-]*:(?!:)")
+
+
+def _kind_prefixed(value: str) -> bool:
+    match = _KIND_PREFIX.match(value)
+    return bool(match) and not (os.name == "nt" and match.end() == 2)
+
+
+def _test_path(value: str) -> bool:
+    """Whether the value that --memlab-report took, which is no report,
+    is a path to test (``--memlab-report tests/``, argparse's optional
+    SPEC having taken it).  What names a file or folder that exists is;
+    what reads as a report spec is not, slashes or not: a comma list
+    (``term,xml:out/r.xml``), a KIND:PATH (``jsn:reports/a.json``), a
+    report file without its kind (``reports/a.json``); else what looks
+    like a path (``tests/unit``, ``test_x.py``) is, and pytest says so
+    if it is not there."""
     head = value.split("::", 1)[0]
-    return os.path.exists(head) or head.endswith(".py") or os.sep in head or head in (".", "..")
+    if head and os.path.exists(head):
+        return True
+    if "," in value or _kind_prefixed(value) or _suggestion(value):
+        return False
+    return head.endswith(".py") or os.sep in head or "/" in head or head in (".", "..")
 
 
 class ReportAction(argparse.Action):
     """``--memlab-report`` with an optional SPEC.  argparse cannot tell
     ``--memlab-report=SPEC`` from ``--memlab-report tests/`` (it would take
-    the path for the spec), so a value that is no report but names a file
-    or folder is handed back as a path to test (see pytest_configure), and
-    the report is the terminal table: neither spelling trips."""
+    the path for the spec), so a value that is no report but is a path to
+    test (_test_path) is handed back as one (see pytest_configure), and
+    the report is the terminal table: neither spelling trips.  Any other
+    value that is no report is a usage error naming its bad part, with or
+    without slashes in its paths."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         if values is None:
@@ -54,7 +106,7 @@ class ReportAction(argparse.Action):
             try:
                 spec = report_spec(values)
             except argparse.ArgumentTypeError as exc:
-                if not _looks_like_a_path(values):
+                if not _test_path(values):
                     raise argparse.ArgumentError(self, str(exc)) from None
                 spec = ("term",)
                 paths = list(getattr(namespace, "memlab_report_paths", None) or [])

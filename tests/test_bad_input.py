@@ -2,7 +2,9 @@
 (issue 20): the HTML report's script data, a baseline nested too deeply,
 Ctrl-C during collection, a bad bool ini value, two outputs naming one
 file, --collect-only with reports, where a leak warning points, and one
-rounding of a budget's use."""
+rounding of a budget's use; and a bad --memlab-report spec, slashes
+in its paths or not, on the command line, in the ini and under xdist, is
+memlab's own usage error, never a test path pytest cannot find."""
 
 import json
 import subprocess
@@ -270,3 +272,76 @@ def pytest_collection_modifyitems(items):
     result.stdout.fnmatch_lines(["*pytest-memlab: bad memory marker*", "*test_x.py::test_a: *2X*"])
     plain = inner.runpytest_inprocess()
     assert plain.ret == pytest.ExitCode.USAGE_ERROR   # without workers: the usage error, as before
+
+
+KINDS = "term, json:PATH, html:PATH, bmf:PATH, gab:PATH"
+
+
+def said(result, lead: str) -> str:
+    """The one line of the run's stderr that begins with lead, from lead on
+    (the program's name before ': error:' is the runner's)."""
+    lines = [line[line.index(lead):] for line in result.stderr.lines if lead in line]
+    assert len(lines) == 1, result.stderr.str()
+    return lines[0]
+
+
+BAD_REPORTS = [   # (spec, what memlab says): a slash in a path makes no test path of a bad spec
+    ("jsn:reports/a.json", f"'jsn:reports/a.json' is not a report (expected a comma list of: {KINDS}); "
+                           "did you mean json:reports/a.json?"),
+    ("jsn:a.json", f"'jsn:a.json' is not a report (expected a comma list of: {KINDS}); did you mean json:a.json?"),
+    ("term,xml:reports/a.xml", f"'xml:reports/a.xml' is not a report (expected a comma list of: {KINDS})"),
+    ("reports/a.html", f"'reports/a.html' is not a report (expected a comma list of: {KINDS}); "
+                       "did you mean html:reports/a.html?"),
+    ("json:reports/a.json,html:", "'html:' names no file (write html:PATH)"),
+]
+
+
+@pytest.mark.parametrize("spec, message", BAD_REPORTS)
+def test_a_bad_report_spec_is_memlabs_usage_error_with_or_without_slashes(inner, spec, message):
+    inner.makepyfile(test_a="def test_a(): pass")
+    result = inner.runpytest_inprocess(f"--memlab-report={spec}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert said(result, "error: argument") == f"error: argument --memlab-report: {message}"
+    assert "file or directory not found" not in result.stdout.str() + result.stderr.str()
+    assert not (inner.path / "reports").exists()
+
+
+@pytest.mark.parametrize("spec, message", [BAD_REPORTS[0], BAD_REPORTS[2]])
+def test_a_bad_report_spec_in_the_ini_is_memlabs_usage_error(inner, spec, message):
+    inner.makeini(f"[pytest]\naddopts = -p no:cacheprovider -p no:randomly\nmemlab_report = {spec}\n")
+    inner.makepyfile(test_a="def test_a(): pass")
+    result = inner.runpytest_inprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert said(result, "ERROR: ") == f"ERROR: ini memlab_report: {message}"
+
+
+def test_a_bad_report_spec_under_xdist_is_memlabs_usage_error(inner):
+    pytest.importorskip("xdist")
+    inner.makepyfile(test_a="def test_a(): pass")
+    spec, message = BAD_REPORTS[0]
+    result = inner.runpytest_subprocess("-p", "xdist", "-n", "2", f"--memlab-report={spec}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert said(result, "error: argument") == f"error: argument --memlab-report: {message}"
+    assert "file or directory not found" not in result.stdout.str() + result.stderr.str()
+    inner.makeini(f"[pytest]\naddopts = -p no:cacheprovider -p no:randomly\nmemlab_report = {spec}\n")
+    result = inner.runpytest_subprocess("-p", "xdist", "-n", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert said(result, "ERROR: ") == f"ERROR: ini memlab_report: {message}"
+
+
+@pytest.mark.parametrize("xdist", [[], ["-p", "xdist", "-n", "2"]], ids=["", "xdist"])
+def test_a_report_that_cannot_be_written_fails_the_session(inner, xdist):
+    """A good spec whose folder is a file: the tests pass, the report is
+    said not written, and the session fails."""
+    if xdist:
+        pytest.importorskip("xdist")
+    inner.makepyfile(test_a="def test_a(): pass")
+    (inner.path / "blocked").write_text("a file, not a folder")
+    result = inner.runpytest_subprocess(*xdist, "--memlab-report=term,json:blocked/r.json,html:blocked/r.html")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "pytest-memlab: the JSON report blocked/r.json was not written: *Error: *",
+        "pytest-memlab: the HTML report blocked/r.html was not written: *Error: *",
+    ])
+    assert (inner.path / "blocked").read_text() == "a file, not a folder"
