@@ -138,7 +138,7 @@ def test_a_grown_line_regresses_its_test_and_is_named_first(runs):
     # the tolerance: the larger of 2% of 20 MiB and 64 KiB
     assert grows[1] == f"  exactly {NEW_PEAK} B against {OLD_PEAK} B; the tolerance allows {OLD_PEAK // 50} B more"
     # what grew, by line: the 8 MiB line first; the 16 MiB line did not move
-    assert grows[2] == "  what changed at the peak, by line (against the baseline):"
+    assert grows[2] == "  what changed at the peak, by the line that changed (against the baseline):"
     assert grows[3].split()[0] == "+8.0" and GROWN_LINE in grows[3] and grows[3].endswith("(4.0 MiB -> 12.0 MiB)")
     assert len(grows) == 4
 
@@ -191,7 +191,7 @@ def test_the_markdown_form_is_a_pull_request_comment(runs, capsys):
     details = lines[start:lines.index("</details>", start) + 1]
     assert details[1] == "" and details[2] == "```" and details[-3] == "```" and details[-2] == ""
     assert details[3] == f"exactly {NEW_PEAK} B against {OLD_PEAK} B; the tolerance allows {OLD_PEAK // 50} B more"
-    assert details[4] == "what changed at the peak, by line (against the baseline):"
+    assert details[4] == "what changed at the peak, by the line that changed (against the baseline):"
     assert details[5].lstrip().startswith("+8.0 MiB") and GROWN_LINE in details[5]
     assert len(details) == 9
     assert md.count("<details>") == 3 and md.count("</details>") == 3   # the regression; the new; the gone

@@ -147,7 +147,7 @@ def test_a_baseline_written_in_one_order_compares_clean_in_another(suite, monkey
     grown.assert_outcomes(failed=1, passed=outcomes["passed"] - 1)
     grown.stdout.fnmatch_lines([
         "cpu peak grew from 5.0 MiB to 8.0 MiB (+60.0%), over the tolerance 2%,64KiB (baseline bl.json)",
-        "  what changed at the peak, by line (against the baseline):",
+        "  what changed at the peak, by the line that changed (against the baseline):",
         "       +3.0 MiB  test_suite.py test_grows: b = torch.empty(1 * MiB + GROW, dtype=torch.uint8)  "
         "(1.0 MiB -> 4.0 MiB)",
         "  peak reached in test_suite.py:* test_grows: b = torch.empty(1 * MiB + GROW, dtype=torch.uint8)",

@@ -429,8 +429,8 @@ def test_without_the_bridge_cpu_is_not_measured_and_says_why(inner, monkeypatch)
     result = inner.runpytest_subprocess("-v")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "0 tests measured, 1 not measured (below) (backend counters: the torch bridge is unavailable: "
-        "MEMLAB_BRIDGE=*missing.so' is not a file)",
+        "0 tests measured from torch.cuda's counters only, no line attribution (torch *): the torch bridge is "
+        "unavailable: MEMLAB_BRIDGE=*missing.so' is not a file; 1 not measured (below)",
         "not measured: test_inner.py::test_cpu cpu: CPU memory is measured only through the torch bridge*",
     ])
 

@@ -136,8 +136,9 @@ class Baseline:
 
 
 def _check_sites(bad, nodeid: str, device: str, sites) -> None:
-    """A test's heaviest lines at its peak (judging.site_changes): a list
-    of {bytes, file, function, text}."""
+    """A test's heaviest sites at its peak (judging.site_changes): a list
+    of {bytes, file, function, text, callers: [{file, function, text}]}
+    (callers missing from files written before they were kept)."""
     where = f"test {nodeid!r}, device {device!r}: sites"
     if not isinstance(sites, list):
         raise bad(f"{where} is {sites!r}, expected a list of lines")
@@ -145,6 +146,12 @@ def _check_sites(bad, nodeid: str, device: str, sites) -> None:
         if (not isinstance(site, dict) or not isinstance(site.get("bytes"), int) or isinstance(site["bytes"], bool)
                 or site["bytes"] < 0 or not all(isinstance(site.get(k), str) for k in ("file", "function", "text"))):
             raise bad(f"{where}: {site!r} is not a line (expected bytes, file, function and text)")
+        callers = site.get("callers", [])
+        if not isinstance(callers, list) or not all(
+                isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("file", "function", "text"))
+                for c in callers):
+            raise bad(f"{where}: {site!r} has callers that are not lines (expected a list of "
+                      "file, function and text)")
 
 
 def _check_named_bytes(bad, nodeid: str, device: str, key: str, value) -> None:

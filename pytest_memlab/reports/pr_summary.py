@@ -36,9 +36,10 @@ def _grew_at(d) -> str:
     """The line that grew most against the baseline, as the failure names it."""
     for change in d.site_changes or ():
         if change.get("new", 0) > change.get("old", 0):
-            where = f"{change.get('file')}:{change.get('function')}" if change.get("file") else ""
+            line = ([change] + list(change.get("callers") or ()))[change.get("changed", 0)]
+            where = f"{line.get('file')}:{line.get('function')}" if line.get("file") else ""
             grew = format_size(change["new"] - change.get("old", 0))
-            return f"+{grew} {_code(change.get('text', ''))} {where}".rstrip()
+            return f"+{grew} {_code(line.get('text', ''))} {where}".rstrip()
     return ""
 
 

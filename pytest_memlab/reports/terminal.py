@@ -3,8 +3,12 @@ heaviest tests' lines, and what the baseline comparison or update found."""
 
 from __future__ import annotations
 
+import linecache
+import os
+
 from ..children.gathering import across
 from ..sizes import format_size, plural
+from .backend_words import backend_words
 
 
 def baseline_change(d) -> str:
@@ -13,22 +17,49 @@ def baseline_change(d) -> str:
         return "new"
     if d.baseline_peak is None or d.peak is None:
         return "-"
+    if d.peak == d.baseline_peak:
+        return "same"
     if d.baseline_peak == 0:
-        return "+" + format_size(d.peak) if d.peak else "0%"
+        return "+" + format_size(d.peak)
     return f"{100 * (d.peak - d.baseline_peak) / d.baseline_peak:+.1f}%"
+
+
+def own_peak_text(d) -> str:
+    """The own peak, with what the test kept past its teardown beside it:
+    the own peak leaves that out by definition (a leak or a first use is
+    not part of it), and a bare ``0 B`` beside an 8 MiB leak reads as a
+    test that allocated nothing."""
+    if d.kept:
+        return f"{format_size(d.peak)} (+{format_size(d.kept)} kept)"
+    return format_size(d.peak)
 
 
 WIDTH = 100   # the terminal table fits this many columns
 
 
 def _middle_cut(text: str, width: int) -> str:
-    """text in at most width characters, its middle elided: a node id's file
-    and test name both stay readable."""
+    """text in at most width characters, its middle elided."""
     if len(text) <= width:
         return text
     keep = width - 3
     head = keep // 3      # the end (test name, parameters) says more than the start
     return text[:head] + "..." + text[len(text) - (keep - head):]
+
+
+def cut_nodeid(nodeid: str, width: int) -> str:
+    """A node id in at most width characters: the path is cut, the test's
+    name kept whole where it fits (``test_demo_b...::test_grew_since``)."""
+    if len(nodeid) <= width:
+        return nodeid
+    path, sep, name = nodeid.rpartition("::")
+    if sep and len(name) + len(sep) + 4 <= width:
+        room = width - len(name) - len(sep) - 3
+        return path[:room] + "..." + sep + name
+    return _middle_cut(nodeid, width)
+
+
+def _end_cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def use_text(peak, budget) -> str:
@@ -38,7 +69,10 @@ def use_text(peak, budget) -> str:
         return "-"
     if not budget or peak is None:
         return "inf"
-    return f"{(200 * peak + budget) // (2 * budget)}%"
+    percent = (200 * peak + budget) // (2 * budget)
+    if percent > 999:   # far over: the ratio reads at a glance where 3600% is noise
+        return f"{(2 * peak + budget) // (2 * budget)}x"
+    return f"{percent}%"
 
 
 def _worst_first(rd) -> tuple:
@@ -67,24 +101,30 @@ def first_use_lines(measured: list, verbosity: int = 0) -> list[tuple[str, bool]
 
 
 def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity: int = 0,
-            top: int = 5) -> list[tuple[str, bool]]:
+            top: int = 5, torch_version: str | None = None, rootdir=None) -> list[tuple[str, bool]]:
     """The terminal summary's lines, each with whether it is bold.  With
     table: the measured tests worst first (those memlab failed, then by the
     share of their budget used, then by own peak) in at most WIDTH columns,
     10 rows under -q, 20 by default, all under -v; then the heaviest tests'
     top lines (3 tests by default, 10 under -v, none under -q).  -qq keeps
-    the counts only."""
+    the counts only.  The head line says how the run was measured in
+    words; -vv adds the backend's own name (the JSON report keeps it)."""
     out: list[tuple[str, bool]] = []
     rows = [(r, d) for r in results.values() for d in r.devices.values()]
     measured = [(r, d) for r, d in rows if d.measured]
     tests_measured = sum(1 for r in results.values() if any(d.measured for d in r.devices.values()))
     not_measured = len(results) - tests_measured
     head = f"{plural(tests_measured, 'test')} measured"
+    words = backend_words(backend, torch_version)
+    if words.startswith("measured "):
+        head = f"{plural(tests_measured, 'test')} {words}"
     if not_measured:
-        head += f", {not_measured} not measured (below)"
-    if backend:
-        head += f" (backend {backend})"
+        head += f"; {not_measured} not measured (below)"
+    if words and not words.startswith("measured "):
+        head += f" ({words})"
     out.append((head, False))
+    if backend and verbosity > 1:
+        out.append((f"backend: {backend}", False))
     for note in sorted(notes):
         out.append((f"line attribution off: {note}", False))
     by_reason: dict[str, list[str]] = {}
@@ -116,7 +156,9 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     measured.sort(key=_worst_first)
     limit = None if verbosity > 0 else (10 if verbosity < 0 else 20)
     shown = measured[:limit]
-    header = ("test", "device", "own peak", "total peak", "reserved", "max", "use", "leaked")
+    # No column of its own for what a test left after teardown: the own
+    # peak's cell says it (own_peak_text), the leak's verdict is above.
+    header = ("test", "device", "own peak", "total peak", "reserved", "max", "use")
     compared = any(d.baseline for _, d in shown)
     if compared:
         header += ("baseline",)
@@ -125,10 +167,9 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
         budget = d.max
         use = use_text(d.peak, budget)
         cells.append((
-            r.nodeid, d.device, format_size(d.peak), format_size(d.peak_total),
+            r.nodeid, d.device, own_peak_text(d), format_size(d.peak_total),
             format_size(d.reserved_peak) if d.reserved_peak is not None else "-",
             format_size(budget) if budget is not None else "-", use,
-            format_size(d.leaked) if d.leaked is not None else "-",
         ) + ((baseline_change(d),) if compared else ()))
     # Columns that say nothing here give their room to the node ids: the
     # device when every row has the same one (the head line names it), the
@@ -145,7 +186,7 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     widths[0] = min(widths[0], max(20, WIDTH - sum(widths[1:]) - 2 * (len(header) - 1)))
     left = 1 if 1 in drop else 2    # left-aligned: the test, and the device when shown
     for n, row in enumerate(cells):
-        row = (_middle_cut(str(row[0]), widths[0]),) + tuple(row[1:])
+        row = (cut_nodeid(str(row[0]), widths[0]),) + tuple(row[1:])
         line = "  ".join(str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
         out.append((line.rstrip(), n == 0))
     if len(shown) < len(measured):
@@ -154,13 +195,24 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     heaviest = [(r, d) for r, d in sorted(measured, key=lambda rd: -(rd[1].peak or 0)) if d.top]
     heaviest = heaviest[:0 if verbosity < 0 else (10 if verbosity > 0 else 3)]
     if heaviest:
-        out.append(("the heaviest tests, by the lines that allocated most:", True))
+        out.append(("the heaviest tests, by the lines that allocated most "
+                    "(bytes allocated over the test, not held at once):", True))
     for r, d in heaviest:
-        out.append((_middle_cut(f"{r.nodeid} ({d.device}, own peak {format_size(d.peak)})", WIDTH), False))
+        kept = f"; {format_size(d.kept)} kept past teardown, not in it" if d.kept else ""
+        name = cut_nodeid(r.nodeid, WIDTH - len(f" ({d.device}, own peak {format_size(d.peak)}{kept})"))
+        out.append((f"{name} ({d.device}, own peak {format_size(d.peak)}{kept})", False))
         for t in d.top[:top]:
-            out.append((_middle_cut(f"  {format_size(t['bytes']):>10}  {t['file']}:{t['line']} {t['function']}",
-                                    WIDTH), False))
+            out.append((_end_cut(f"  {format_size(t['bytes']):>10} allocated by {t['file']}:{t['line']} "
+                                 f"{t['function']}{_source(t, rootdir)}", WIDTH), False))
     return out
+
+
+def _source(t: dict, rootdir) -> str:
+    """A heaviest line's text, read where its file is (its path is shown
+    relative to rootdir when under it)."""
+    path = os.path.join(str(rootdir), t["file"]) if rootdir is not None else t["file"]
+    text = linecache.getline(path, t["line"]).strip()
+    return f": {text}" if text else ""
 
 
 def children_lines(results: dict, verbosity: int = 0) -> list[tuple[str, bool]]:

@@ -315,8 +315,11 @@ class MemlabSession:
             return
         terminalreporter.section("memlab")
         if self.results:
-            for line, bold in summary(self.results, self.backend, self.trace_notes, self.options.terminal_table,
-                                      self.config.getoption("verbose", 0) or 0, self.options.top):
+            backend = self.controller.backend() if self.controller is not None else self.backend
+            torch_version = self.controller.environment().get("torch") if self.controller is not None else None
+            for line, bold in summary(self.results, backend, self.trace_notes, self.options.terminal_table,
+                                      self.config.getoption("verbose", 0) or 0, self.options.top,
+                                      torch_version, self.config.rootpath):
                 terminalreporter.write_line(line, bold=bold)
         for line in self.notes:
             terminalreporter.write_line(line)
