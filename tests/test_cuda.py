@@ -395,7 +395,7 @@ def test_compiled_function():
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_kept_on_the_gpu*",
         "cuda:0 leaked 1.0 MiB after teardown (allowed 0 B)",
-        "*tensor (1048576) uint8  1.0 MiB",
+        "*tensor (1048576,) uint8  1.0 MiB",
         "      held by: module test_inner, global _KEEP[[]0[]]",
     ])
 

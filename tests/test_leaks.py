@@ -84,7 +84,7 @@ def test_kept_tensors_are_leaks_with_their_holders_named(inner, dev):
         "  1 tensor, 64.0 KiB",
         "    allocated at test_inner.py:* dev_bytes: return torch.empty(n, dtype=torch.uint8, device=DEV)",
         "              <- test_inner.py:* test_global_list: _CACHE.append(dev_bytes(64 * KiB))",
-        "    tensor (65536) uint8  64.0 KiB",
+        "    tensor (65536,) uint8  64.0 KiB",
         "      held by: module test_inner, global _CACHE[[]0[]]",
         "  exactly 65536 B against 0 B allowed",
         "*ERROR at teardown of test_class_attribute*",

@@ -50,8 +50,8 @@ class LeakedTensor:
         return self.holders[0] if self.holders else ""
 
     def describe(self) -> str:
-        shape = "(" + ", ".join(str(s) for s in self.shape) + ")"
-        return f"tensor {shape} {self.dtype}"
+        # a tuple as Python writes it: (8388608,) is a shape, (8388608) reads as a number
+        return f"tensor {tuple(int(s) for s in self.shape)} {self.dtype}"
 
 
 @dataclass
