@@ -99,7 +99,7 @@ def test_kept_tensors_are_leaks_with_their_holders_named(inner, dev):
         "      held by: module test_inner, global _KEPT[[]'loss'[]]",
         "      retains an autograd graph (grad_fn=SumBackward0)",
         "    (bytes no Python tensor owns are held by autograd*",
-        f"*5 tests failed by memlab ({name} leaks)*",
+        f"*5 tests failed by memlab ({name} leaked)*",
     ])
 
 

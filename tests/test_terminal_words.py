@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import MiB, line_no, requires_torch
-from pytest_memlab.reports.terminal import cut_nodeid, use_text
+from pytest_memlab.reports.terminal import cut_nodeid, failure_words, use_text
 
 pytestmark = requires_torch
 
@@ -171,6 +171,7 @@ def test_a_use_far_over_budget_reads_as_a_ratio_and_an_unchanged_test_as_same(in
     inner.runpytest_inprocess("--memlab-baseline=bl.json", "--memlab-update-baseline")
     result = inner.runpytest_inprocess("--memlab-report", "--memlab-baseline=bl.json")
     result.assert_outcomes(failed=1)
+    assert "1 test failed by memlab (cpu over max); see above" in summary_of(result)
     row = next(ln for ln in summary_of(result) if ln.startswith("test_over.py::test_far_over "))
     assert row.split()[-2:] == ["36x", "same"], row
 
@@ -191,3 +192,12 @@ def test_a_node_id_is_cut_in_its_path_and_keeps_its_name():
     # a name longer than the room: cut in its middle, both ends kept
     cut = cut_nodeid(nodeid, 20)
     assert len(cut) == 20 and cut.startswith("tests") and cut.endswith("baseline")
+
+
+@pytest.mark.parametrize("key, words", [
+    ("cpu max", "cpu over max"), ("cuda:0 baseline", "cuda:0 grew since the baseline"), ("cpu leaks", "cpu leaked"),
+    ("cpu leak growth", "cpu grew at each repetition"), ("cuda:1 max [rank 1]", "cuda:1 over max [rank 1]"),
+    ("cpu activations", "cpu over activations"),
+])
+def test_what_memlab_failed_a_test_for_reads_as_words(key, words):
+    assert failure_words(key) == words

@@ -24,6 +24,18 @@ def baseline_change(d) -> str:
     return f"{100 * (d.peak - d.baseline_peak) / d.baseline_peak:+.1f}%"
 
 
+_FAILURE_WORDS = {"baseline": "grew since the baseline", "leaks": "leaked", "leak growth": "grew at each repetition"}
+
+
+def failure_words(key: str) -> str:
+    """A finding's key ("cpu max", "cuda:0 baseline [rank 1]") as the
+    summary says it: "cpu over max", "cuda:0 grew since the baseline [rank 1]"."""
+    own, bracket, process = key.partition(" [")
+    device, _, name = own.partition(" ")
+    words = _FAILURE_WORDS.get(name, f"over {name}")
+    return f"{device} {words}" + (f" [{process}" if bracket else "")
+
+
 def own_peak_text(d) -> str:
     """The own peak, with what the test kept past its teardown beside it:
     the own peak leaves that out by definition (a leak or a first use is
@@ -146,8 +158,8 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     out += [(line, True) for r in results.values() for line in r.said]
     failed = [r for r in results.values() if r.failed_by_memlab]
     if failed:
-        out.append((f"{plural(len(failed), 'test')} failed by memlab ({', '.join(sorted({k for r in failed for k in r.failed_by_memlab}))}); "
-                    "see above", False))
+        why = sorted({failure_words(k) for r in failed for k in r.failed_by_memlab})
+        out.append((f"{plural(len(failed), 'test')} failed by memlab ({', '.join(why)}); see above", False))
     if verbosity > -2:
         out += children_lines(results, verbosity)
         out += first_use_lines(measured, verbosity)
