@@ -2,8 +2,10 @@
 figures from real allocations, under pytest-xdist too), the timelines in
 it, and the HTML report rendered by a real browser."""
 
+import html
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -348,7 +350,8 @@ def test_the_html_report_is_one_file_that_a_browser_draws(inner, tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "data-errors" not in dom.stdout.split("<body", 1)[0], dom.stdout[:500]  # no script error
     assert "Uncaught" not in dom.stderr
-    assert '<svg width="900" height="300" class="timeline"' in dom.stdout
+    # the svg grows by a row for each row of mark labels under its x axis
+    assert re.search(r'<svg width="900" height="3\d\d" class="timeline"', dom.stdout)
     assert 'class="peak-label"' in dom.stdout and ">own peak " in dom.stdout
     assert f"at test_train.py:{line_no(inner.path / 'test_train.py', 'loss.backward()')} test_training_step" in dom.stdout
     assert ">after forward</text>" in dom.stdout
@@ -652,6 +655,254 @@ def test_the_html_report_opens_on_the_flagged_test_and_says_why_a_timeline_is_mi
     assert "test_flagged.py::test_a_plain (cpu" in detail.split("</h2>")[0]
     assert "no timeline: the reports keep timelines only for the tests memlab failed" in detail
     assert "--memlab-details=all" in detail and "without the torch bridge" not in detail
+
+
+def _browse(page, tmp_path, fragment=""):
+    """The page as Chromium leaves it (the DOM after its script ran), with
+    no script error."""
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (ci/install installs Debian's chromium)")
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,1000",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri() + fragment],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "data-errors" not in dom.stdout.split("<body", 1)[0], dom.stdout[:500]
+    return dom.stdout
+
+
+def _seen(dom):
+    """What a reader sees of a page: its text outside the scripts (and
+    outside the data they carry), tooltips left out."""
+    text = re.sub(r"<script.*?</script>|<style.*?</style>|<title>.*?</title>", "", dom, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", text))
+
+
+def _index(dom):
+    """The index's cells, by node id."""
+    body = dom.split('<tbody id="rows">')[1].split("</tbody>")[0]
+    rows = [[html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+            for row in re.findall(r'<tr class="row[^"]*"[^>]*>(.*?)</tr>', body)]
+    return {row[0].split("::")[1]: row for row in rows}
+
+
+WORDS_SUITE = """
+import pytest, torch
+MiB = 2**20
+GROW = {grow}
+KEPT = []
+
+@pytest.mark.cpu_memory(leaks="16M")
+def test_keeps():
+    KEPT.append(torch.empty(8 * MiB, dtype=torch.uint8))
+
+@pytest.mark.cpu_memory
+def test_grows():
+    x = torch.empty((4 if GROW else 3) * MiB, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory
+def test_shrinks():
+    x = torch.empty((47 if GROW else 48) * MiB, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory
+def test_barely():
+    x = torch.empty(16 * MiB + (1024 if GROW else 0), dtype=torch.uint8)
+
+@pytest.mark.cpu_memory
+def test_from_nothing():
+    if GROW:
+        x = torch.empty(8 * MiB, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory(max="4M")
+def test_near():
+    x = torch.empty(3 * MiB, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory(max="100K")
+def test_at_999():
+    x = torch.empty(999 * 1024, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory(max="100K")
+def test_at_1000():
+    x = torch.empty(1000 * 1024, dtype=torch.uint8)
+
+@pytest.mark.cpu_memory(max="64K")
+def test_far_over():
+    for _ in range(2):
+        x = torch.empty(2 * MiB + MiB // 4, dtype=torch.uint8)
+        del x
+
+if GROW:
+    @pytest.mark.cpu_memory
+    def test_new():
+        x = torch.empty(MiB, dtype=torch.uint8)
+"""
+
+
+def test_the_html_report_says_what_each_figure_counts(inner, tmp_path):
+    """Every figure on the page is true and reads true: the own peak of a
+    test that kept 8 MiB past its teardown says so beside its 0 B; the
+    line table says it counts what each line allocated over the test, not
+    what was held at once; the share of the budget and the change against
+    the baseline read as the terminal writes them; the header says how the
+    run was measured in words, not the bridge library's name."""
+    inner.makepyfile(test_words=WORDS_SUITE.format(grow=0))
+    inner.runpytest_inprocess("--memlab-baseline=bl.json", "--memlab-update-baseline")
+    inner.makepyfile(test_words=WORDS_SUITE.format(grow=1))
+    result = inner.runpytest_inprocess("--memlab-baseline=bl.json", "--memlab-html=r.html", "--memlab-details=all")
+    assert result.ret == 1
+    import torch
+
+    report = inner.path / "r.html"
+    dom = _browse(report, tmp_path)
+    seen = _seen(dom)
+    # the header: how it was measured, in words; the library stays in the data
+    assert f"measured through torch's allocators (torch {torch.__version__.split('+')[0]})" in seen
+    assert "memlab_bridge" not in seen and "bridge:" not in seen and "bridge" in report.read_text()
+    # the index: each column says what it counts (its tooltip, and the key above the table)
+    head = dom.split('<table id="index"')[1].split("</thead>")[0]
+    assert re.findall(r"<th title=\"[^\"]{20,}\">([^<]*)</th>", head) == [
+        "test", "outcome", "own peak", "total peak", "reserved peak", "budget use", "leaked", "vs baseline"]
+    assert "own peak: the most bytes this test's own tensors held at once, without what it kept past its teardown" in seen
+    cells = _index(dom)
+    own, use, leaked, change = 2, 5, 6, 7
+    assert cells["test_keeps"][own] == "0 B (+8.0 MiB kept)" and cells["test_keeps"][leaked] == "8.0 MiB"
+    assert cells["test_near"][own] == "3.0 MiB"                       # nothing kept: nothing beside it
+    assert [cells[t][use] for t in ("test_near", "test_at_999", "test_at_1000", "test_far_over", "test_grows")] == [
+        "75%", "999%", "10x", "36x", ""]
+    assert {t: cells[t][change] for t in ("test_keeps", "test_grows", "test_shrinks", "test_barely",
+                                          "test_from_nothing", "test_new")} == {
+        "test_keeps": "same", "test_grows": "+33.3%", "test_shrinks": "-2.1%", "test_barely": "+0.0%",
+        "test_from_nothing": "+8.0 MiB", "test_new": "new"}
+    # the detail of the test that kept 8 MiB: the figure, its line table, its timeline
+    nodeids = sorted(f"test_words.py::{name}" for name in cells)
+    dom = _browse(report, tmp_path, f"#test={nodeids.index('test_words.py::test_keeps')}")
+    detail = _seen(dom.split('id="detail"', 1)[1])
+    assert "own peak 0 B (and 8.0 MiB kept past teardown, not counted in it)" in detail
+    assert "allocated by the line over the test (not held at once)" in detail
+    assert "bytes allocated" not in detail
+    assert "own: bytes held by tensors this test allocated, the 8.0 MiB it kept past teardown included" in detail
+    assert "8.0 MiB kept past teardown (not in the own peak)" in detail
+    dom = _browse(report, tmp_path, f"#test={nodeids.index('test_words.py::test_grows')}")
+    detail = _seen(dom.split('id="detail"', 1)[1])
+    assert "own peak 4.0 MiB; total peak 4.0 MiB" in detail and " kept" not in detail
+    assert "against the baseline: +33.3% (the baseline's own peak: 3.0 MiB)" in detail
+
+
+MARKS_SUITE = """
+import pytest, torch
+MiB = 2**20
+pytestmark = pytest.mark.cpu_memory
+
+def test_training_step(memlab):   # the demo's: a mark and a phase at one event
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(1024, 512)
+    for _ in range(2):
+        loss = model(x).square().mean()
+        memlab.mark("loss computed")
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+def test_many_marks(memlab):
+    keep = []
+    for i in range(60):
+        keep.append(torch.empty(1024 * (i % 7 + 1), dtype=torch.uint8))
+        memlab.mark(f"step {i}" + (" after a long warm-up" if i % 10 == 0 else ""))
+
+@pytest.fixture(scope="module")
+def table():
+    return torch.empty(4 * MiB, dtype=torch.uint8)
+
+def test_beside_a_module_fixture(table):
+    x = torch.empty(MiB, dtype=torch.uint8)
+    del x
+    y = torch.empty(2 * MiB, dtype=torch.uint8)
+"""
+
+
+def _labels(svg):
+    """The mark labels drawn under the x axis: (x, y, width, text)."""
+    return [(float(x), float(y), float(w), html.unescape(text)) for x, y, w, text in re.findall(
+        r'<text x="([\d.]+)" y="([\d.]+)" fill="[^"]+" class="mark-label" data-w="([\d.]+)">([^<]*)</text>', svg)]
+
+
+def _ticks(svg):
+    return re.findall(r'class="y-tick">([^<]*)</text>', svg)
+
+
+def test_the_html_timeline_says_what_its_axes_and_lines_are(inner, tmp_path):
+    """The timeline's x axis says it is time counted in allocator events;
+    its y ticks are round sizes; the mark and phase labels never overlap
+    (a label with no room is its line's tooltip, and the axis says so);
+    the legend names only what is drawn, the total where it differs from
+    the own bytes."""
+    inner.makepyfile(test_marks=MARKS_SUITE)
+    result = inner.runpytest_inprocess("-p", "no:randomly", "--memlab-report=json:r.json,html:r.html",
+                                       "--memlab-details=all")
+    result.assert_outcomes(passed=3)
+    tests = {t["nodeid"].split("::")[1]: (i, t["devices"]["cpu"])
+             for i, t in enumerate(json.loads((inner.path / "r.json").read_text())["tests"])}
+    MiB = 2**20
+    for name in ("test_training_step", "test_many_marks", "test_beside_a_module_fixture"):
+        i, figures = tests[name]
+        dom = _browse(inner.path / "r.html", tmp_path, f"#test={i}")
+        detail = dom.split('id="detail"', 1)[1]
+        svg = detail.split("<svg", 1)[1].split("</svg>")[0]
+        events = figures["detail"]["events"]
+        assert f">time, in allocator events ({events} in this test; not seconds)" in svg
+        # round ticks: 0, then 1, 2 or 5 times a power of ten apart, in the unit of the top
+        ticks = _ticks(svg)
+        assert ticks[0] == "0" and len(ticks) <= 6, ticks
+        unit = ticks[-1].split()[1]
+        values = [float(t.split()[0]) for t in ticks[1:]]
+        assert all(t.endswith(" " + unit) for t in ticks[1:]), ticks
+        step = values[0]
+        assert all(abs(v - step * (k + 1)) < 1e-9 for k, v in enumerate(values)), ticks
+        assert re.fullmatch(r"(1|2|5)(0*|\.0*)|0\.0*(1|2|5)", f"{step:g}"), ticks
+        # the axis ends at the first tick at or above what is drawn (the own bytes, and the total where drawn)
+        scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+        drawn = max(max(p[2], p[4] if 'class="total"' in svg else 0) for p in figures["detail"]["timeline"])
+        assert values[-1] * scale >= drawn > (values[-1] - step) * scale, (ticks, drawn)
+        # the own peak still marked and labelled
+        assert f">own peak {figures['peak'] / MiB:.1f} MiB at test_marks.py:" in svg or figures["peak"] < MiB
+        # the labels: none overlaps another (rows at least a line apart)
+        labels = _labels(svg)
+        rows = sorted({y for _, y, _, _ in labels})
+        assert all(b - a >= 13 for a, b in zip(rows, rows[1:])), rows
+        for row in rows:
+            spans = sorted((x, x + w) for x, y, w, _ in labels if y == row)
+            assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), (row, spans)
+        marks = figures["detail"]["marks"]
+        # each line has its label and event as a tooltip; the labels with no room say so
+        assert svg.count(" (allocator event ") == len(marks)
+        hidden = len(marks) - len(labels)
+        if hidden:
+            assert f"; {hidden} labels had no room: hover their lines" in svg
+        legend = _seen(detail.split('class="legend">', 1)[1].split("<svg", 1)[0])
+        assert "own: bytes held by tensors this test allocated" in legend and "device total" not in legend
+        if name == "test_training_step":
+            # every label drawn: "loss computed" and "backward" at one event, in two rows
+            assert ticks == ["0", "10 MiB", "20 MiB", "30 MiB", "40 MiB"] or figures["peak"] > 40 * MiB
+            assert [text for _, _, _, text in labels] == [m["label"] for m in marks] == [
+                "forward Sequential", "loss computed", "backward", "Adam.step"] * 2
+            at = {}
+            for (x, y, _, text), m in zip(labels, marks):
+                at.setdefault(m["at"], set()).add(y)
+            assert any(len(ys) == 2 for ys in at.values())
+            assert "start of a phase (forward, backward, optimizer step)" in legend
+            assert "memlab.mark(label) in the test" in legend
+        if name == "test_many_marks":
+            assert len(marks) == 60 and 0 < hidden < 60 and len(rows) == 4
+            assert "start of a phase" not in legend and "memlab.mark(label) in the test" in legend
+        if name == "test_beside_a_module_fixture":
+            # the module fixture's 4 MiB count in the total, not in the own bytes: both drawn, both named
+            assert 'class="total"' in svg and 'class="own"' in svg
+            assert "total: all CPU tensors allocated while memlab measured (the test and its fixtures)" in legend
+            assert ticks == ["0", "2 MiB", "4 MiB", "6 MiB"]
+        else:
+            assert 'class="total"' not in svg
+            assert "total: the same as own here (nothing else was allocated while memlab measured)" in legend
 
 
 def test_the_readmes_dashboard_samples_are_what_memlab_writes(inner):
