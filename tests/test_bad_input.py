@@ -124,7 +124,7 @@ def test_an_eighth():
 """)
     result = inner.runpytest_inprocess("--memlab-report")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["test_use.py::test_an_eighth * 1.0 KiB * 8.0 KiB * 13% *"])
+    result.stdout.fnmatch_lines(["test_an_eighth * 1.0 KiB * 8.0 KiB * 13%"])
 
 
 @requires_torch

@@ -89,7 +89,8 @@ def test_spawned_ranks_each_measured_exactly(inner):
     assert peaks(procs) == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}
     assert [p["rank"] for p in procs] == [0, 1]
     assert test["across_processes"]["cpu"] == {"over": "ranks", "processes": 2, "max": 2 * MiB, "worst": "rank 1",
-                                               "min": 1 * MiB, "spread": 1 * MiB}
+                                               "min": 1 * MiB, "spread": 1 * MiB,
+                                               "devices": {"rank 0": "cpu", "rank 1": "cpu"}}
     top = procs[1]["devices"]["cpu"]["top"]
     assert top[0]["file"] == "test_kids.py" and top[0]["function"] == "own" and top[0]["bytes"] == 2 * MiB + MiB // 2
     # the parent's own figure is its own: the ranks' tensors are not in it
@@ -393,7 +394,7 @@ def test_ddp():
     for p in procs:
         # the model's weights, their gradients and DDP's buckets at least
         assert p["devices"]["cpu"]["peak"] >= 2 * weights, p
-    assert set(test["across_processes"]["cpu"]) == {"over", "processes", "max", "worst", "min", "spread"}
+    assert set(test["across_processes"]["cpu"]) == {"over", "processes", "max", "worst", "min", "spread", "devices"}
 
 
 def test_a_child_that_crashes_is_reported_missing_and_the_parent_stays_sound(inner):

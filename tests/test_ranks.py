@@ -69,7 +69,8 @@ def test_rank_zero_gathers_every_ranks_figures_and_judges_each_rank(inner):
     peaks = {p["label"]: p["devices"]["cpu"]["peak"] for p in per_rank["processes"]}
     assert peaks == {"rank 0": 1 * MiB, "rank 1": 2 * MiB}   # exact: each rank's own tensor
     assert per_rank["across_processes"]["cpu"] == {"over": "ranks", "processes": 2, "max": 2 * MiB, "worst": "rank 1",
-                                                   "min": 1 * MiB, "spread": 1 * MiB}
+                                                   "min": 1 * MiB, "spread": 1 * MiB,
+                                                   "devices": {"rank 0": "cpu", "rank 1": "cpu"}}
 
     budget = tests["test_budget"]
     assert budget["outcome"] == "error"       # on rank 0: its own figure held; rank 1's is judged at teardown

@@ -104,7 +104,8 @@ def test_torchrun_ranks_sharing_one_gpu_exact_against_max_memory_allocated(inner
     hand, test, out = under_torchrun(inner, TORCHRUN)
     peaks = {p["rank"]: p["devices"]["cuda:0"]["peak"] for p in test["processes"]}
     assert peaks == hand, (test["processes"], out)
-    assert test["across_processes"]["cuda:0"]["worst"] == "rank 1"
+    assert test["across_processes"]["cuda"]["worst"] == "rank 1"
+    assert test["across_processes"]["cuda"]["devices"] == {"rank 0": "cuda:0", "rank 1": "cuda:0"}
 
 
 # -- two GPUs, one per rank, NCCL (the nvidia-h200-x2 machine) -------------------------
@@ -148,3 +149,88 @@ def test_torchrun_nccl_ranks_one_gpu_each_exact_against_max_memory_allocated(inn
     hand, test, out = under_torchrun(inner, TORCHRUN_NCCL)
     peaks = {p["rank"]: p["devices"][f"cuda:{p['rank']}"]["peak"] for p in test["processes"]}
     assert peaks == hand, (test["processes"], out)
+
+
+# Balanced ranks, one GPU each: each rank on its own device, a spread of 0 B,
+# and no rank holds a CUDA context on a GPU it did not use, measured as
+# unmeasured (NVML's compute processes, read by each rank at its very end:
+# after memlab's own end of the process, which the rank runs first).
+BALANCED_NCCL = """
+import json, os, subprocess, pytest, torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+MiB = 2**20
+
+def gpus_with_a_context(pid):
+    uuids = dict(line.split(", ") for line in subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid,index", "--format=csv,noheader"],
+        capture_output=True, text=True, check=True).stdout.strip().splitlines())
+    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                          capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    return sorted(int(uuids[u]) for p, u in (a.split(", ") for a in apps) if int(p) == pid)
+
+def rank_main(rank, port, out):
+    torch.cuda.set_device(rank)
+    torch.cuda.reset_peak_memory_stats(rank)
+    start = torch.cuda.memory_allocated(rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl", rank=rank, world_size=2, device_id=torch.device("cuda", rank))
+    x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+    t = torch.ones(1024, device="cuda")
+    dist.all_reduce(t)
+    del x, t
+    dist.barrier()
+    dist.destroy_process_group()
+    peak = torch.cuda.max_memory_allocated(rank) - start
+    try:   # memlab's end of this process first, where memlab measures it
+        from pytest_memlab.children import startup
+        if startup._child is not None:
+            startup._child.finish()
+    except ImportError:
+        pass
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"max": peak, "gpus": gpus_with_a_context(os.getpid())}, f)
+
+@pytest.mark.cuda_memory
+def test_balanced(tmp_path):
+    import socket
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    tmp.spawn(rank_main, args=(port, str(tmp_path)), nprocs=2)
+    for r in (0, 1):
+        got = json.load(open(tmp_path / f"rank{r}.json"))
+        print("BY HAND", r, got["max"])
+        print("GPUS", r, ",".join(map(str, got["gpus"])))
+"""
+
+
+def gpus_by_rank(text: str) -> dict:
+    return {int(r): g for r, g in re.findall(r"GPUS (\d+) ([\d,]*)", text)}
+
+
+@requires_two_gpus
+def test_balanced_ranks_each_on_its_own_gpu_spread_zero_and_no_context_elsewhere(inner):
+    inner.makepyfile(test_balanced=BALANCED_NCCL)
+    plain = inner.runpytest_subprocess("-s", "-p", "no:memlab", "-p", "no:randomly")
+    assert plain.ret == 0, plain.stdout.str()
+    result = inner.runpytest_subprocess("-s", "--memlab-json=r.json", "-p", "no:randomly")
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    # no context where a rank does not work: the same GPUs, measured and not
+    assert gpus_by_rank(out) == gpus_by_rank(plain.stdout.str()) == {0: "0", 1: "1"}, (out, plain.stdout.str())
+    hand = by_hand(out)
+    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    procs = {p["rank"]: p for p in test["processes"]}
+    # each rank lists only the GPU it used, with its own peak exact
+    assert {r: sorted(p["devices"]) for r, p in procs.items()} == {0: ["cuda:0"], 1: ["cuda:1"]}, procs
+    assert {r: p["devices"][f"cuda:{r}"]["peak"] for r, p in procs.items()} == hand
+    across = test["across_processes"]["cuda"]
+    assert across["devices"] == {"rank 0": "cuda:0", "rank 1": "cuda:1"} and across["spread"] == 0, across
+    result.stdout.fnmatch_lines([f"  cuda own peak: rank 0 {fmt(hand[0])} on cuda:0, rank 1 {fmt(hand[1])} on cuda:1; "
+                                 f"max {fmt(hand[0])} (rank 0), spread 0 B"])
+
+
+def fmt(n: int) -> str:
+    from pytest_memlab.sizes import format_size
+
+    return format_size(n)

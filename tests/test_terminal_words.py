@@ -33,7 +33,9 @@ def test_what_a_test_kept_is_said_beside_its_own_peak(inner):
     result = inner.runpytest_inprocess("--memlab-report")
     result.assert_outcomes(passed=1)
     lines = summary_of(result)
-    row = next(ln for ln in lines if ln.startswith("test_keeps.py::test_keeps_a_tensor "))
+    # one file: said once above the rows, the rows the tests' names
+    assert "on cpu, in test_keeps.py:" in lines
+    row = next(ln for ln in lines if ln.startswith("test_keeps_a_tensor "))
     # the own peak leaves out what the test kept; the cell says it
     assert row.split()[1:5] == ["0", "B", "(+8.0", "MiB"] and "(+8.0 MiB kept)" in row, row
     assert "test_keeps.py::test_keeps_a_tensor (cpu, own peak 0 B; 8.0 MiB kept past teardown, not in it)" in lines
@@ -172,7 +174,7 @@ def test_a_use_far_over_budget_reads_as_a_ratio_and_an_unchanged_test_as_same(in
     result = inner.runpytest_inprocess("--memlab-report", "--memlab-baseline=bl.json")
     result.assert_outcomes(failed=1)
     assert "1 test failed by memlab (cpu over max); see above" in summary_of(result)
-    row = next(ln for ln in summary_of(result) if ln.startswith("test_over.py::test_far_over "))
+    row = next(ln for ln in summary_of(result) if ln.startswith("test_far_over "))
     assert row.split()[-2:] == ["36x", "same"], row
 
 
@@ -201,3 +203,11 @@ def test_a_node_id_is_cut_in_its_path_and_keeps_its_name():
 ])
 def test_what_memlab_failed_a_test_for_reads_as_words(key, words):
     assert failure_words(key) == words
+
+
+def test_rows_of_several_files_keep_their_files_and_one_file_is_said_once(inner):
+    inner.makepyfile(test_one=LOOPS, test_two=LOOPS.replace("test_loops", "test_other_loops"))
+    lines = summary_of(inner.runpytest_inprocess("--memlab-report"))
+    assert "on cpu:" in lines
+    assert any(ln.startswith("test_one.py::test_loops ") for ln in lines)
+    assert any(ln.startswith("test_two.py::test_other_loops ") for ln in lines)

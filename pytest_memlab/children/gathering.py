@@ -250,27 +250,46 @@ def _alive(pid: int) -> bool:
 
 
 def across(processes: list[dict]) -> dict[str, dict]:
-    """Per device, the figures across a test's child processes (as the
-    reports keep them: ChildFigures.as_dict()): the highest own peak and
-    the process that reached it, the lowest, and the spread (max - min).
-    Ranks only, where the children have ranks (a DataLoader's workers
-    beside them are not ranks); over says which: "ranks" or "processes"."""
+    """The figures across a test's child processes (as the reports keep
+    them: ChildFigures.as_dict()), each process taken on its own device:
+    per kind of device ("cpu", "cuda"), the highest own peak and the
+    process that reached it, the lowest, the spread (max - min), and each
+    process's device (a rank on cuda:1 is compared with a rank on cuda:0,
+    each where it worked: device_of).  Ranks only, where the children have
+    ranks (a DataLoader's workers beside them are not ranks); over says
+    which: "ranks" or "processes"."""
     done = [p for p in processes if p.get("state") == "done"]
     ranked = [p for p in done if p.get("rank") is not None]
     over = "ranks" if ranked else "processes"
     out: dict[str, dict] = {}
     for p in ranked or done:
-        for device, d in p.get("devices", {}).items():
-            if d.get("peak") is None:
+        devices = p.get("devices", {})
+        for kind in dict.fromkeys(d.split(":")[0] for d in devices):
+            own = own_device(devices, kind)
+            if own is None:
                 continue
-            a = out.setdefault(device, {"over": over, "processes": 0, "max": -1, "worst": "", "min": None})
+            device, peak = own
+            a = out.setdefault(kind, {"over": over, "processes": 0, "max": -1, "worst": "", "min": None,
+                                      "devices": {}})
             a["processes"] += 1
-            if d["peak"] > a["max"]:
-                a["max"], a["worst"] = d["peak"], p["label"]
-            a["min"] = d["peak"] if a["min"] is None else min(a["min"], d["peak"])
+            a["devices"][p["label"]] = device
+            if peak > a["max"]:
+                a["max"], a["worst"] = peak, p["label"]
+            a["min"] = peak if a["min"] is None else min(a["min"], peak)
     for a in out.values():
         a["spread"] = a["max"] - a["min"]
     return out
+
+
+def own_device(devices: dict, kind: str) -> tuple[str, int] | None:
+    """A process's device of a kind (the one where its own peak was
+    highest) and its own peak there; None where it has no figure."""
+    best = None
+    for device, d in devices.items():
+        if device.split(":")[0] == kind and d.get("peak") is not None:
+            if best is None or d["peak"] > best[1]:
+                best = (device, d["peak"])
+    return best
 
 
 def device_of(devices: dict, device: str):

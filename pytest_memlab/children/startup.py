@@ -257,6 +257,10 @@ def devices_record(figures: dict, top: int) -> dict:
         if not f.measured:
             devices[device] = {"measured": False, "reason": f.reason}
             continue
+        if not f.allocs and not f.frees and device.startswith("cuda"):
+            # a GPU this process never used (a rank sees every GPU and
+            # works on one): not listed, so no rank reads 0 B on another's
+            continue
         lines = sorted((ln for ln in f.lines if ln.allocated > 0), key=lambda ln: -ln.allocated)
         # what was live at its peak, by site: a failure over a budget
         # reads like the test's own

@@ -55,8 +55,22 @@ def settle(core, devices) -> None:
     if torch is None or not any(d != CPU for d in devices) or not torch.cuda.is_initialized():
         return
     for device in devices:
-        if device != CPU:
+        if device != CPU and _used(core, torch, cuda_index(device)):
             torch.cuda.synchronize(cuda_index(device))
+
+
+def _used(core, torch, index: int) -> bool:
+    """Whether this process holds memory on CUDA device index (its caching
+    allocator reserved some): synchronizing a device the process never
+    used would make a CUDA context there (hundreds of MiB on a GPU another
+    rank works on), and there is no queued work of its own to wait for."""
+    bridge = getattr(core, "bridge", None)
+    try:
+        if bridge is not None:
+            return bridge.cuda_totals(torch.cuda, index)[1] > 0
+        return torch.cuda.memory_reserved(index) > 0
+    except Exception:   # an allocator that keeps no statistics: wait, as before
+        return True
 
 
 def first_use_held(leak, torch=None) -> list[str]:

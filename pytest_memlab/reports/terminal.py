@@ -6,7 +6,7 @@ from __future__ import annotations
 import linecache
 import os
 
-from ..children.gathering import across
+from ..children.gathering import across, own_device
 from ..sizes import format_size, plural
 from .backend_words import backend_words
 
@@ -187,9 +187,18 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     # device when every row has the same one (the head line names it), the
     # reserved peak where no device has a reserved pool.
     drop = set()
+    # The file every row shares is said once, above the rows (the node ids
+    # keep their test names whole in the room it frees).
+    modules = {str(row[0]).rpartition("::")[0] for row in cells[1:]}
+    module = next(iter(modules)) if len(modules) == 1 and "" not in modules else ""
+    if module:
+        cells = [cells[0]] + [(str(row[0])[len(module) + 2:],) + tuple(row[1:]) for row in cells[1:]]
+    where = f", in {module}" if module else ""
     if len({row[1] for row in cells[1:]}) == 1:
         drop.add(1)
-        out.append((f"on {cells[1][1]}:", False))
+        out.append((f"on {cells[1][1]}{where}:", False))
+    elif where:
+        out.append((f"{where[2:]}:", False))
     if all(row[4] == "-" for row in cells[1:]):
         drop.add(4)
     cells = [tuple(c for i, c in enumerate(row) if i not in drop) for row in cells]
@@ -237,9 +246,17 @@ def children_lines(results: dict, verbosity: int = 0) -> list[tuple[str, bool]]:
     limit = None if verbosity > 0 else 10
     for r in sorted(with_children, key=lambda r: r.nodeid)[:limit]:
         out.append((f"{r.nodeid}: {plural(len(r.processes), 'child process', 'child processes')}", False))
-        for device, a in across(r.processes).items():
-            peaks = [f"{p['label']} {format_size(p['devices'][device]['peak'])}" for p in r.processes
-                     if p.get("state") == "done" and p.get("devices", {}).get(device, {}).get("peak") is not None]
+        for kind, a in across(r.processes).items():
+            # each process on its own device: named where they differ
+            named = len(set(a["devices"].values())) > 1
+            peaks = []
+            for p in r.processes:
+                own = own_device(p.get("devices", {}), kind) if p.get("state") == "done" else None
+                if own is None:
+                    continue
+                on = f" on {own[0]}" if named else ""
+                peaks.append(f"{p['label']} {format_size(own[1])}{on}")
+            device = kind if named else next(iter(a["devices"].values()))
             shown = ", ".join(peaks[:8]) + (f", ... ({len(peaks) - 8} more)" if len(peaks) > 8 else "")
             if a["processes"] > 1:
                 # over the ranks alone where other children (a DataLoader's workers) are listed beside them
