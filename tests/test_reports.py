@@ -762,6 +762,8 @@ def test_the_html_report_says_what_each_figure_counts(inner, tmp_path):
     assert re.findall(r"<th title=\"[^\"]{20,}\">([^<]*)</th>", head) == [
         "test", "outcome", "own peak", "total peak", "reserved peak", "budget use", "leaked", "vs baseline"]
     assert "own peak: the most bytes this test's own tensors held at once, without what it kept past its teardown" in seen
+    assert ("total peak: all bytes allocated on the device at their highest during the test (on the CPU: only the "
+            "tensors allocated while memlab measured it)") in seen
     cells = _index(dom)
     own, use, leaked, change = 2, 5, 6, 7
     assert cells["test_keeps"][own] == "0 B (+8.0 MiB kept)" and cells["test_keeps"][leaked] == "8.0 MiB"
@@ -781,6 +783,10 @@ def test_the_html_report_says_what_each_figure_counts(inner, tmp_path):
     assert "bytes allocated" not in detail
     assert "own: bytes held by tensors this test allocated, the 8.0 MiB it kept past teardown included" in detail
     assert "8.0 MiB kept past teardown (not in the own peak)" in detail
+    dom = _browse(report, tmp_path, f"#test={nodeids.index('test_words.py::test_far_over')}")
+    detail = _seen(dom.split('id="detail"', 1)[1])
+    assert "own peak 2.3 MiB; budget max 64.0 KiB (36x: the own peak is 36 times it); total peak 2.3 MiB" in detail
+    assert "budget: max 64.0 KiB" in detail and "budget on the own peak (the marker's max)" in detail
     dom = _browse(report, tmp_path, f"#test={nodeids.index('test_words.py::test_grows')}")
     detail = _seen(dom.split('id="detail"', 1)[1])
     assert "own peak 4.0 MiB; total peak 4.0 MiB" in detail and " kept" not in detail

@@ -198,6 +198,9 @@ _SCRIPT = r"""
     text.setAttribute('x', x);
     return w;
   }
+  function overlap(a, b) {
+    return a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height;
+  }
   // The timeline of one test on one device, with its legend, into box.
   function timeline(d, dev, box) {
     const det = d.detail, W = 900, L = 70, R = 20, T = 30, PH = 230, ROW = 14, MAX_ROWS = 4;
@@ -322,6 +325,19 @@ _SCRIPT = r"""
       else if (tx < left && x + 8 + w <= right) tx = x + 8;
       fitLabel(text, Math.max(left, tx), left, right);
     }
+    // the budget on the own peak, where it falls within the axis (a test
+    // over it, or near it)
+    const budget = d.max !== null && d.max !== undefined && d.max > 0 && d.max <= ymax;
+    if (budget) {
+      const y = Y(d.max);
+      svg.appendChild(el('line', {x1: L, x2: W - R, y1: y, y2: y, stroke: '#555', 'stroke-dasharray': '6 3',
+                                  class: 'budget'}));
+      const text = el('text', {x: 0, y: y - 4, fill: '#555', class: 'budget-label'}, 'budget: max ' + size(d.max));
+      svg.appendChild(text);
+      fitLabel(text, W - R - 4 - text.getComputedTextLength(), L + 4, W - R - 4);
+      const peak = svg.querySelector('.peak-label');
+      if (peak && overlap(peak.getBBox(), text.getBBox())) text.setAttribute('y', y + 13);
+    }
     // what the test kept past its teardown is in the own line (the tensors
     // are its own) but not in its own peak: said at the line's end
     if (d.kept) {
@@ -332,12 +348,11 @@ _SCRIPT = r"""
       svg.appendChild(text);
       const w = text.getComputedTextLength();
       fitLabel(text, X(xmax) - 4 - w, L + 4, W - R - 4);
-      const peak = svg.querySelector('.peak-label');
-      if (peak) {
-        const a = peak.getBBox(), b = text.getBBox();
-        if (a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height) {
-          text.setAttribute('y', +text.getAttribute('y') + 28);
-        }
+      const others = svg.querySelectorAll('.peak-label, .budget-label');
+      for (let k = 0; k < others.length && Array.prototype.some.call(others, function (o) {
+        return overlap(o.getBBox(), text.getBBox());
+      }); k++) {
+        text.setAttribute('y', +text.getAttribute('y') + 14);
       }
     }
     const H = T + PH + rowsUsed * ROW + 40;
@@ -361,6 +376,7 @@ _SCRIPT = r"""
                  (cuda ? 'on the GPU' : 'while memlab measured') + '), so not drawn apart</span>');
     }
     if (det.peak_at !== null) parts.push('<span><i class="sw dot" style="background:#d62728"></i>own peak</span>');
+    if (budget) parts.push('<span><i class="sw dash" style="border-color:#555"></i>budget on the own peak (the marker\'s max)</span>');
     if (kinds.phase) parts.push('<span><i class="sw dash" style="border-color:#2ca02c"></i>start of a phase (forward, backward, optimizer step)</span>');
     if (kinds.mark) parts.push('<span><i class="sw dash" style="border-color:#9467bd"></i>memlab.mark(label) in the test</span>');
     if (kinds.oom) parts.push('<span><i class="sw dash" style="border-color:#d62728"></i>out of memory</span>');
@@ -374,7 +390,11 @@ _SCRIPT = r"""
     }
     const cuda = dev.indexOf('cuda') === 0;
     const parts = ['own peak ' + size(d.peak) + (d.kept ? ' (and ' + size(d.kept) + ' kept past teardown, not counted in it)' : '')];
-    if (d.max !== null && d.max !== undefined) parts.push('budget max ' + size(d.max) + ' (' + useText(d) + ' used)');
+    if (d.max !== null && d.max !== undefined) {
+      const use = useText(d);
+      parts.push('budget max ' + size(d.max) + (/x$/.test(use) ? ' (' + use + ': the own peak is ' + use.slice(0, -1) +
+        ' times it)' : ' (' + use + ' used)'));
+    }
     parts.push('total peak ' + size(d.peak_total) + (cuda ? ' (all allocated on the GPU)' : ' (all CPU tensors allocated while memlab measured)'));
     if (d.max_total !== null && d.max_total !== undefined) parts.push('budget max_total ' + size(d.max_total));
     if (d.reserved_peak !== null && d.reserved_peak !== undefined) {
@@ -460,8 +480,9 @@ _SCRIPT = r"""
     }
     if (d.first_use) {
       const fu = document.createElement('p');
-      fu.textContent = 'first use (kept for the process, left out of the own peak): ' + size(d.first_use) +
-        ((d.first_use_held || []).length ? ': ' + d.first_use_held.join('; ') : '');
+      fu.className = 'first-use';
+      fu.textContent = 'first use (memory kept for the process, left out of the own peak): ' + size(d.first_use) +
+        ((d.first_use_held || []).length ? ' (' + d.first_use_held.join('; ') + ')' : '');
       box.appendChild(fu);
     }
     if (t.processes && t.processes.length) {
@@ -567,12 +588,14 @@ def render(results: dict, environment: dict, backend: str, caches: list = ()) ->
         hidden.append("no-baseline")
     headers = "".join(f"<th title=\"{html.escape(why)}\">{html.escape(name)}</th>" for name, why in COLUMNS)
     key = ("own peak: the most bytes this test's own tensors held at once, without what it kept past its "
-           "teardown (shown beside it as +... kept) &middot; total peak: everything allocated on the device "
-           "at its highest during the test &middot; budget use: own peak &divide; the marker's max"
-           " &middot; leaked: kept past teardown and counted as a leak")
+           "teardown (shown beside it as +... kept) &middot; total peak: all bytes allocated on the device at "
+           "their highest during the test (on the CPU: only the tensors allocated while memlab measured it) "
+           "&middot; budget use: own peak &divide; the marker's max &middot; leaked: kept past teardown and "
+           "counted as a leak")
     if "no-baseline" not in hidden:
         key += " &middot; vs baseline: the own peak against the baseline file's"
-    key += ". Hover a column's name for more; click it to sort; click a row for its timeline."
+    key += (". A name in red: memlab failed the test; in amber: memlab warned of it. Hover a column's name for more; click it to sort; "
+            "click a row for its timeline.")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<title>pytest-memlab report</title>"
