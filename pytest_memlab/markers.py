@@ -19,20 +19,21 @@ from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 MARKERS = {
     "cuda_memory": (
         "cuda_memory(max=None, *, max_total=None, max_reserved=None, leaks=0, tolerance=None, device=None, "
-        "include_first_use=False, forward=None, backward=None, step=None, activations=None, ...): "
+        "include_first_use=False, spread=None, forward=None, backward=None, step=None, activations=None, ...): "
         "CUDA memory budget of this test (sizes as bytes or strings like '2GiB'); see pytest-memlab"
     ),
     "cpu_memory": (
         "cpu_memory(max=None, *, max_total=None, leaks=0, tolerance=None, include_first_use=False, "
-        "forward=None, backward=None, step=None, activations=None, ...): "
+        "spread=None, forward=None, backward=None, step=None, activations=None, ...): "
         "CPU tensor memory budget of this test; see pytest-memlab"
     ),
 }
 
 _KEYWORDS = {
     "cuda_memory": ("max", "max_total", "max_reserved", "leaks", "tolerance", "device", "include_first_use",
-                    *KIND_BUDGETS, *PHASE_NAMES),
-    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", *KIND_BUDGETS, *PHASE_NAMES),
+                    "spread", *KIND_BUDGETS, *PHASE_NAMES),
+    "cpu_memory": ("max", "max_total", "leaks", "tolerance", "include_first_use", "spread", *KIND_BUDGETS,
+                   *PHASE_NAMES),
 }
 
 
@@ -57,6 +58,7 @@ class MemorySpec:
     backward: int | None = None     # while a backward ran
     step: int | None = None         # while an optimizer step ran
     kind_max: tuple = ()            # ((marker key, bytes), ...): a kind's bytes at the own peak (activations=)
+    spread: int | None = None       # the ranks' own peaks (each on its own device) at most this far apart
 
 
 # What an unmarked test is measured with (--memlab, the memlab fixture), and
@@ -90,7 +92,7 @@ def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
             raise MarkerError(f"{name} got max both as a positional and as a keyword argument")
         values["max"] = args[0]
     spec = {"kind": "cuda" if name == "cuda_memory" else "cpu"}
-    for key in ("max", "max_total", "max_reserved", *PHASE_NAMES):
+    for key in ("max", "max_total", "max_reserved", "spread", *PHASE_NAMES):
         if values.get(key) is not None:
             try:
                 spec[key] = parse_size(values[key])

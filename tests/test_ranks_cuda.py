@@ -234,3 +234,83 @@ def fmt(n: int) -> str:
     from pytest_memlab.sizes import format_size
 
     return format_size(n)
+
+
+# -- the FSDP2 example: per-rank phases in the baseline, compared rank by rank ----
+
+def example(name: str) -> str:
+    import pathlib
+
+    return (pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "distributed" / name).read_text()
+
+
+@requires_two_gpus
+def test_the_fsdp2_example_keeps_each_ranks_phases_and_compares_them_rank_by_rank(inner, monkeypatch):
+    monkeypatch.delenv("FSDP_WIDTH", raising=False)
+    inner.makepyfile(test_fsdp2_memory=example("test_fsdp2_memory.py"))
+    write = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
+                                       "--memlab-json=r.json", "-p", "no:randomly")
+    assert write.ret == 0, write.stdout.str()
+    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    procs = {p["rank"]: p for p in test["processes"]}
+    assert {r: sorted(p["devices"]) for r, p in procs.items()} == {0: ["cuda:0"], 1: ["cuda:1"]}, procs
+    entries = json.loads((inner.path / "bl.json").read_text())["tests"][
+        "test_fsdp2_memory.py::test_fsdp2_training_step_per_rank"]
+    for r in (0, 1):
+        phases = entries[f"cuda@rank {r}"]["phases"]
+        assert set(phases) == {"forward", "backward", "step"}, entries
+        assert phases == procs[r]["devices"][f"cuda:{r}"]["phases"]
+        # each rank holds its half of the Adam state (2 x 4 layers x 2048 x 2049 floats / 2) at least
+        assert phases["step"] >= 4 * 2048 * 2049 * 4, phases
+    # balanced shards: within the spread budget
+    assert test["across_processes"]["cuda"]["spread"] <= 2**20, test["across_processes"]
+
+    again = inner.runpytest_subprocess("--memlab-baseline=bl.json", "-p", "no:randomly")
+    assert again.ret == 0, again.stdout.str()
+
+    monkeypatch.setenv("FSDP_WIDTH", "2560")   # a wider model: every rank and phase grows
+    grown = inner.runpytest_subprocess("--memlab-baseline=bl.json", "-p", "no:randomly")
+    assert grown.ret == 1
+    grown.stdout.fnmatch_lines(["rank 0 (pid *): cuda:0 peak grew from * to *",
+                                "rank 1 (pid *): cuda:1 peak grew from * to *",
+                                "rank 1 (pid *): cuda:1 forward peak grew from * to *"], consecutive=False)
+
+
+GROWS_ON_CUDA = """
+import os, pytest, torch
+MiB = 2**20
+
+@pytest.mark.cuda_memory
+def test_grows():
+    x = torch.empty(int(os.environ.get("SIZE", 4 * MiB)), dtype=torch.uint8, device="cuda")
+    del x
+"""
+
+
+def test_a_baseline_of_another_gpu_kind_is_not_compared_and_says_why(inner, monkeypatch):
+    import torch
+
+    monkeypatch.delenv("SIZE", raising=False)
+    inner.makepyfile(test_kind=GROWS_ON_CUDA)
+    assert inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline").ret == 0
+    path = inner.path / "bl.json"
+    data = json.loads(path.read_text())
+    model = torch.cuda.get_device_name(0)
+    assert data["environment"]["device"] == model
+    data["environment"]["device"] = "NVIDIA Z100"
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    monkeypatch.setenv("SIZE", str(8 * MiB))   # twice as much: a regression on the same kind
+    result = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-json=r.json", "--memlab-report")
+    assert result.ret == 0, result.stdout.str()
+    test = json.loads((inner.path / "r.json").read_text())["tests"][0]
+    assert [d["baseline"] for d in test["devices"].values()] == ["not compared"]
+    result.stdout.fnmatch_lines([
+        f"baseline bl.json [cuda] was measured elsewhere: device NVIDIA Z100 -> {model} (its GPU figures were not "
+        "compared, the rest ran all the same)",
+        "baseline bl.json [cuda]: 0 compared, 1 not compared (written on another GPU kind: keep a baseline per GPU "
+        "kind, --memlab-baseline-env=NAME)",
+    ])
+    # on the kind it was written on, the same growth fails
+    data["environment"]["device"] = model
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    assert inner.runpytest_subprocess("--memlab-baseline=bl.json").ret == 1

@@ -199,7 +199,9 @@ def test_a_node_id_is_cut_in_its_path_and_keeps_its_name():
 @pytest.mark.parametrize("key, words", [
     ("cpu max", "cpu over max"), ("cuda:0 baseline", "cuda:0 grew since the baseline"), ("cpu leaks", "cpu leaked"),
     ("cpu leak growth", "cpu grew at each repetition"), ("cuda:1 max [rank 1]", "cuda:1 over max [rank 1]"),
-    ("cpu activations", "cpu over activations"),
+    ("cpu activations", "cpu over activations"), ("cuda:1 backward baseline [rank 1]",
+                                                  "cuda:1 backward grew since the baseline [rank 1]"),
+    ("cuda spread", "cuda over spread"),
 ])
 def test_what_memlab_failed_a_test_for_reads_as_words(key, words):
     assert failure_words(key) == words

@@ -42,6 +42,7 @@ class ChildFigures:
     at_peak: dict = field(default_factory=dict)   # device -> live at its peak by site [{bytes, chain: [frame]}]
     own: bool = False               # the test's own process (rank 0 under torchrun), listed among the ranks
     out_of_memory: list = field(default_factory=list)   # each request it could not get, explained (CUDA)
+    gpu_names: dict = field(default_factory=dict)   # cuda:N -> the GPU's model, as the process saw it
 
     def as_dict(self) -> dict:
         """What the reports keep of it."""
@@ -58,6 +59,8 @@ class ChildFigures:
                 continue
             out["devices"][device] = {"peak": f.peak, "peak_total": f.peak_total, "live": f.live,
                                       "top": self.top.get(device, [])}
+            if f.phase_peaks:
+                out["devices"][device]["phases"] = {name: peak for name, (peak, _) in f.phase_peaks.items()}
         return out
 
 
@@ -224,6 +227,12 @@ def read_devices(child: ChildFigures, devices: dict) -> None:
         child.devices[device] = DeviceFigures(
             device, True, backend="bridge", peak=d.get("peak"), peak_total=d.get("peak_total"),
             reserved_peak=d.get("reserved_peak"), live=d.get("live"), allocs=d.get("allocs"), frees=d.get("frees"))
+        phases = d.get("phases")
+        if isinstance(phases, dict):
+            child.devices[device].phase_peaks = {str(name): (int(peak), 0) for name, peak in phases.items()
+                                                 if isinstance(peak, int)}
+        if isinstance(d.get("gpu_name"), str):
+            child.gpu_names[device] = d["gpu_name"]
         child.top[device] = list(d.get("top") or [])
         child.at_peak[device] = list(d.get("at_peak") or [])
 
@@ -322,6 +331,8 @@ def rank_entries(result) -> dict:
             f = device_of(p.get("devices", {}), d.device)
             if f is None or f.get("peak") is None:
                 continue
-            entries[RANK_KEY.format(device=d.name or d.device, rank=p["rank"])] = {
+            entry = entries[RANK_KEY.format(device=d.name or d.device, rank=p["rank"])] = {
                 "peak": f["peak"], "peak_total": f.get("peak_total"), "reserved_peak": None, "leaked": None}
+            if f.get("phases"):   # compared rank by rank, as the peak
+                entry["phases"] = dict(f["phases"])
     return entries

@@ -175,7 +175,9 @@ class ChildMeasurement:
 
         if not self.forked:   # a fork keeps its parent's path rule
             tracing.scope.configure(self.config.get("rootdir"), self.config.get("include") or ())
-        self.measurement = Measurement(core(), self._devices(), trace=True)
+        # timeline: the engine follows the scope, so each phase's own peak
+        # (a rank's forward, backward and step) is told at the end
+        self.measurement = Measurement(core(), self._devices(), trace=True, timeline=True)
         from ..measuring.out_of_memory import Observer, cpu_failure_count
 
         Observer.run = self   # the whole process is the child's measurement
@@ -239,10 +241,25 @@ class ChildMeasurement:
         except Exception as exc:
             self.error = f"its out-of-memory was not explained: {type(exc).__name__}: {exc}"
         try:
-            devices = devices_record(self.measurement.end(), top)
+            phases = self._phase_peaks()
+            figures = self.measurement.end()
+            for device, peaks in phases.items():
+                if device in figures and figures[device].measured:
+                    figures[device].phase_peaks = peaks
+            devices = devices_record(figures, top)
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
         self._write("done", devices, explained)
+
+    def _phase_peaks(self) -> dict:
+        """device -> each phase's own peak in this process ({name: (bytes,
+        site)}), from the engine's timeline of its scope, before it closes."""
+        out = {}
+        for device, meter in self.measurement.meters.items():
+            kept = meter.kept() if getattr(meter, "timeline", False) else None
+            if kept is not None and kept.phases:
+                out[device] = dict(kept.phases)
+        return out
 
     def _write(self, state: str, devices: dict, out_of_memory: list = ()) -> None:
         inherited = self.config.get("parent_rank")
@@ -273,7 +290,25 @@ def devices_record(figures: dict, top: int) -> dict:
                     for ln in lines[:top]],
             "at_peak": at_peak,
         }
+        if f.phase_peaks:   # each phase's own peak: a rank's forward, backward and step
+            devices[device]["phases"] = {name: peak for name, (peak, _) in f.phase_peaks.items()}
+        if device.startswith("cuda"):   # its model: a baseline of another GPU kind is not compared
+            name = _gpu_name(device)
+            if name:
+                devices[device]["gpu_name"] = name
     return devices
+
+
+def _gpu_name(device: str) -> str:
+    """The model of a GPU this process used (CUDA is initialised there: it
+    allocated on it); "" where it cannot be read."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return torch.cuda.get_device_name(int(device.split(":")[1]))
+    except Exception:
+        pass
+    return ""
 
 
 def write_record(path: str, state: str, devices: dict, error: str, label: str, rank,

@@ -125,6 +125,7 @@ class Change:
     tolerance: str
     path: str
     process: str = ""  # a rank of the test ("rank 1"); "" the test's own
+    phase: str = ""    # a phase's own peak ("backward"); "" the test's own peak
 
     @property
     def kind(self) -> str:
@@ -136,7 +137,8 @@ class Change:
 
     @property
     def key(self) -> str:
-        own = f"{self.device} baseline" if self.kind == "regressed" else f"{self.device} improvement"
+        what = f"{self.device} {self.phase}" if self.phase else self.device
+        own = f"{what} baseline" if self.kind == "regressed" else f"{what} improvement"
         return f"{own} [{self.process}]" if self.process else own
 
 

@@ -209,7 +209,39 @@ def growth_report(device: str, kept: list[int]) -> str:
 def _change_words(c) -> str:
     verb = "grew" if c.new > c.old else "shrank"
     pct = f"{100 * (c.new - c.old) / c.old:+.1f}%" if c.old else f"{format_size(c.new - c.old)} over 0 B"
-    return f"peak {verb} from {format_size(c.old)} to {format_size(c.new)} ({pct})"
+    what = f"{c.phase} peak" if getattr(c, "phase", "") else "peak"
+    return f"{what} {verb} from {format_size(c.old)} to {format_size(c.new)} ({pct})"
+
+
+def phase_regression(change, figures) -> str:
+    """A phase whose own peak grew beyond the tolerance against the
+    baseline: the phase, old and new, and every phase's peak now."""
+    c = change
+    every = ", ".join(f"{name} {format_size(peak)}" for name, (peak, _) in (figures.phase_peaks or {}).items())
+    return "\n".join([
+        f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})",
+        f"  the phases' peaks now: {every}; the own peak {format_size(figures.peak)}",
+        f"  exactly {c.new} B against {c.old} B in the baseline; the tolerance allows {c.allowed} B more",
+    ])
+
+
+def spread_failure(kind: str, spread: int, budget: int, high, low) -> str:
+    """The ranks' own peaks, each on its own device, apart by more than
+    the marker's spread allows: both ranks named, with what each held at
+    its peak, by line.  high and low: (ChildFigures, its device)."""
+    (hi, hi_device), (lo, lo_device) = high, low
+    hi_peak, lo_peak = hi.devices[hi_device].peak, lo.devices[lo_device].peak
+    lines = [f"{kind} spread between ranks {format_size(spread)} exceeds spread {format_size(budget)} by "
+             f"{format_size(spread - budget)}: {hi.label} {format_size(hi_peak)} on {hi_device}, "
+             f"{lo.label} {format_size(lo_peak)} on {lo_device}"]
+    for child, device, peak in ((hi, hi_device, hi_peak), (lo, lo_device, lo_peak)):
+        at_peak = child.at_peak.get(device) or []
+        lines.append(f"  {child.label} (pid {child.pid}), own peak {format_size(peak)} on {device}"
+                     + (", live at its peak by the line that allocated it (user call chain):" if at_peak else ""))
+        lines += _site_lines([SiteBytes(int(x.get("bytes", 0)), [_frame(c) for c in x.get("chain") or ()])
+                              for x in at_peak], peak, len(at_peak))
+    lines.append(f"  exactly {spread} B against {budget} B")
+    return "\n".join(lines)
 
 
 def kind_changes(old: dict | None, new: dict | None) -> list[str]:

@@ -24,7 +24,7 @@ from .site_changes import site_changes, sites_at_peak
 from ..engine.tracing import PHASE_NAMES
 from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS, kinds_note, resolve
 from .messages import (baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report,
-                       phase_budget_failure)
+                       phase_budget_failure, phase_regression, spread_failure)
 
 # A holder path's root: what holds the first step (see leak_search.holders_of).
 _ROOT = re.compile(r"^(module \S+, global \w+|class \S+, attribute \w+|closure of \S+ \(variable \w+\)"
@@ -83,7 +83,7 @@ def exceeded(device: str, figures, spec) -> list[Exceeded]:
 
 def has_budget(spec) -> bool:
     return (any(getattr(spec, name, None) is not None for _, _, name in BUDGETS) or has_phase_budget(spec)
-            or bool(getattr(spec, "kind_max", ())))
+            or bool(getattr(spec, "kind_max", ())) or getattr(spec, "spread", None) is not None)
 
 
 def has_phase_budget(spec) -> bool:
@@ -151,10 +151,20 @@ def _keyed(root: str) -> bool:
     return isinstance(holder, dict)
 
 
-def compare(device: str, old: int, new: int, tolerance, path, process: str = "") -> Change:
+def compare(device: str, old: int, new: int, tolerance, path, process: str = "", phase: str = "") -> Change:
     """The own peak new against the baseline's old, under tolerance (of a
-    rank of the test: process names it)."""
-    return Change(device, old, new, tolerance.allowed(old), tolerance.text, str(path), process)
+    rank of the test: process names it; of a phase's own peak: phase)."""
+    return Change(device, old, new, tolerance.allowed(old), tolerance.text, str(path), process, phase)
+
+
+def phase_changes(device: str, entry: dict, figures, tolerance, path, process: str = "") -> list[Change]:
+    """Each phase's own peak (forward, backward, step) against the
+    baseline entry's, where both have it: a hand-written table of MB per
+    phase (per rank) kept as a baseline."""
+    old = entry.get("phases") or {}
+    new = getattr(figures, "phase_peaks", None) or {}
+    return [compare(device, old[name], new[name][0], tolerance, path, process, name)
+            for name in PHASE_NAMES if isinstance(old.get(name), int) and name in new]
 
 
 class Verdicts:
@@ -292,12 +302,14 @@ class Verdicts:
         as to the test's own process: on the same device, or for a CUDA
         budget, on the CUDA device where the child's own peak was highest
         (a rank's own GPU)."""
-        if not run.children:
+        if not run.children and not run.ranks:
             return
         processes = None
         for spec, device in run.devices:
             if not has_budget(spec):
                 continue
+            if spec.spread is not None:
+                Verdicts._spread_finding(run, spec, device, failures)
             for child in run.children:
                 figures = device_of(child.devices, device)
                 if figures is None:
@@ -309,6 +321,30 @@ class Verdicts:
                     run.failed[e.key] = e
                     processes = processes or run.processes()
                     failures.append(child_budget_failure(e, child, processes))
+
+    @staticmethod
+    def _spread_finding(run, spec, device: str, failures: list[str]) -> None:
+        """The spread between the ranks' own peaks, each rank on its own
+        device (a budget on an uneven shard): over spread=, the test
+        fails naming the highest and the lowest rank."""
+        ranks = run.ranks or [c for c in run.children if c.rank is not None]
+        placed = []
+        for child in ranks:
+            if child.state != "done":
+                continue
+            figures = device_of(child.devices, device)
+            if figures is not None and figures.peak is not None:
+                placed.append((child, figures.device))
+        if len(placed) < 2:
+            return
+        placed.sort(key=lambda cd: cd[0].devices[cd[1]].peak)
+        low, high = placed[0], placed[-1]
+        spread = high[0].devices[high[1]].peak - low[0].devices[low[1]].peak
+        kind = device.split(":")[0]
+        e = Exceeded(kind, "spread between ranks", spread, "spread", spec.spread)
+        if spread > spec.spread and e.key not in run.failed:
+            run.failed[e.key] = e
+            failures.append(spread_failure(kind, spread, spec.spread, high, low))
 
     def _compare(self, run, final: bool) -> list[str]:
         """The own peak against the baseline: a regression fails the test
@@ -322,6 +358,10 @@ class Verdicts:
         for spec, device in run.devices:
             if device in measurement.unmeasured:
                 continue
+            other_gpu = self.session.other_gpu(device)
+            if other_gpu:   # a baseline of another GPU kind: never a false regression
+                run.not_compared[device] = other_gpu
+                continue
             entry = baseline.entry(self.session.env, run.nodeid, run.names.get(device, device))
             if entry is None or entry.get("peak") is None:
                 continue
@@ -334,7 +374,12 @@ class Verdicts:
                 figures = run.figures_now(device)   # without what it may keep, as for budgets
                 change = compare(device, entry["peak"], figures.peak, tolerance, options.baseline)
             run.changes[device] = change
-            if options.update_baseline or change.key in run.failed:
+            if options.update_baseline:
+                continue
+            if final:
+                failures += self._phase_failures(run, phase_changes(device, entry, figures, tolerance,
+                                                                    options.baseline), figures)
+            if change.key in run.failed:
                 continue
             if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):
                 run.failed[change.key] = change
@@ -347,6 +392,19 @@ class Verdicts:
                                                  measurement.context(device, figures.seq_at_peak), changes,
                                                  entry.get("kinds")))
         failures += self._compare_ranks(run, final)
+        return failures
+
+    def _phase_failures(self, run, changes: list[Change], figures) -> list[str]:
+        """The phases that grew beyond the tolerance (shrank, with
+        --memlab-fail-on-improvement): each fails the test once."""
+        failures = []
+        for change in changes:
+            grew = change.kind == "regressed"
+            if change.key in run.failed or not (grew or (change.kind == "improved" and self.options.fail_on_improvement)):
+                continue
+            run.failed[change.key] = change
+            failures.append(baseline_failure(change, figures, self.options.top) if not grew
+                            else phase_regression(change, figures))
         return failures
 
     def _compare_ranks(self, run, final: bool) -> list[str]:
@@ -363,9 +421,18 @@ class Verdicts:
                 figures = device_of(child.devices, device)
                 if entry is None or entry.get("peak") is None or figures is None or figures.peak is None:
                     continue
-                change = compare(figures.device, entry["peak"], figures.peak, spec.tolerance or options.tolerance,
-                                 options.baseline, child.label)
-                if options.update_baseline or change.key in run.failed:
+                if self.session.other_gpu(figures.device, child.gpu_names.get(figures.device)):
+                    run.not_compared.setdefault(device, "a rank on another GPU kind")
+                    continue
+                tolerance = spec.tolerance or options.tolerance
+                change = compare(figures.device, entry["peak"], figures.peak, tolerance, options.baseline, child.label)
+                if options.update_baseline:
+                    continue
+                if final:
+                    failures += [f"{child.label} (pid {child.pid}): {text}" for text in self._phase_failures(
+                        run, phase_changes(figures.device, entry, figures, tolerance, options.baseline, child.label),
+                        figures)]
+                if change.key in run.failed:
                     continue
                 if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):
                     run.failed[change.key] = change

@@ -52,6 +52,7 @@ class TestRun:
     user_failed: bool = False            # setup, call or teardown failed by the test's own doing
     names: dict = field(default_factory=dict)     # concrete device -> name as asked ("cuda", "cpu")
     changes: dict = field(default_factory=dict)   # device -> findings.Change
+    not_compared: dict = field(default_factory=dict)   # device -> why the baseline was not compared (another GPU)
     repeating: bool = False
     judged: bool = False                  # anything to judge before teardown: budgets, notes, a baseline
     growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
@@ -413,6 +414,8 @@ class TestRun:
             change = self.changes.get(device)
             if change is not None:
                 d.baseline_peak, d.baseline = change.old, change.kind
+            elif device in self.not_compared and figures.measured:
+                d.baseline = "not compared"
             elif with_baseline and figures.measured:
                 d.baseline = "new"
             if detail and figures.measured:

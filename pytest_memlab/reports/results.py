@@ -15,7 +15,8 @@ then do not go into a baseline), ``memlab.DEVICE.name`` for the device as
 the test asked for it (the baseline's key: ``cuda`` for the current CUDA
 device), ``memlab.DEVICE.gpu`` for the machine's GPU behind a narrowed
 ``CUDA_VISIBLE_DEVICES`` (a pinned worker's ``cuda:0``), ``memlab.DEVICE.baseline`` for the comparison's outcome
-(``regressed``, ``improved``, ``same``, ``new``), and, only when a JSON or
+(``regressed``, ``improved``, ``same``, ``new``, ``not compared``: written on
+another GPU kind), and, only when a JSON or
 HTML report is written, ``memlab.DEVICE.detail`` (JSON: the timeline, the
 marks and phases, where the peak fell, the leak report).
 """
@@ -70,7 +71,7 @@ class DeviceResult:
     name: str = ""                   # as the test asked for it: the baseline's key
     gpu: str = ""                    # the machine's GPU behind a narrowed CUDA_VISIBLE_DEVICES (devices.machine_gpu)
     baseline_peak: int | None = None
-    baseline: str = ""               # "regressed", "improved", "same", "new" or "" (no baseline)
+    baseline: str = ""               # "regressed", "improved", "same", "new", "not compared" or "" (no baseline)
     # What the JSON and HTML reports show besides (filled only when one is asked for):
     detail: dict | None = None       # timeline, marks, peak_at, peak_line, leak (see TestRun._detail)
 

@@ -13,8 +13,8 @@ from .backend_words import backend_words
 
 def baseline_change(d) -> str:
     """The table's baseline cell: the own peak's change, or why there is none."""
-    if d.baseline == "new":
-        return "new"
+    if d.baseline in ("new", "not compared"):
+        return d.baseline
     if d.baseline_peak is None or d.peak is None:
         return "-"
     if d.peak == d.baseline_peak:
@@ -32,7 +32,10 @@ def failure_words(key: str) -> str:
     summary says it: "cpu over max", "cuda:0 grew since the baseline [rank 1]"."""
     own, bracket, process = key.partition(" [")
     device, _, name = own.partition(" ")
-    words = _FAILURE_WORDS.get(name, f"over {name}")
+    if name.endswith(" baseline"):   # a phase's peak: "backward baseline"
+        words = f"{name[:-len(' baseline')]} grew since the baseline"
+    else:
+        words = _FAILURE_WORDS.get(name, f"over {name}")
     return f"{device} {words}" + (f" [{process}" if bracket else "")
 
 
@@ -289,9 +292,11 @@ def baseline_summary(path, env: str, results: dict, differences: list[str], stal
     entries by name."""
     out: list[tuple[str, bool]] = []
     devices = [(r.nodeid, d) for r in results.values() for d in r.devices.values() if d.measured]
+    other_gpu = [n for n, d in devices if d.baseline == "not compared"]
     if differences:
-        out.append((f"baseline {path} [{env}] was measured elsewhere: {'; '.join(differences)} "
-                    "(the comparisons ran all the same)", False))
+        how = ("its GPU figures were not compared, the rest ran all the same" if other_gpu and written is None
+               else "the comparisons ran all the same")
+        out.append((f"baseline {path} [{env}] was measured elsewhere: {'; '.join(differences)} ({how})", False))
     if written is not None:
         changes = changes or {}
         parts = [f"{plural(len(written), 'test')} written ({len(changes.get('new', []))} new, "
@@ -309,10 +314,12 @@ def baseline_summary(path, env: str, results: dict, differences: list[str], stal
     by = {}
     for nodeid, d in devices:
         by.setdefault(d.baseline or "same", []).append((nodeid, d))
-    compared = len(devices) - len(by.get("new", []))
+    compared = len(devices) - len(by.get("new", [])) - len(by.get("not compared", []))
     line = f"baseline {path} [{env}]: {compared} compared"
     for kind, words in (("regressed", "regressed"), ("improved", "improved beyond the tolerance"),
-                        ("new", "new (not in the baseline)")):
+                        ("new", "new (not in the baseline)"),
+                        ("not compared", "not compared (written on another GPU kind: keep a baseline per GPU "
+                                         "kind, --memlab-baseline-env=NAME)")):
         if by.get(kind):
             line += f", {len(by[kind])} {words}"
     if stale:

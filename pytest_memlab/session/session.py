@@ -43,6 +43,8 @@ class MemlabSession:
         self._outcomes: dict[str, str] = {}
         self._made: dict[str, TestResult] = {}   # this process's own results, spared decoding
         self.backend = ""
+        self._gpu_models: dict[str, str] = {}    # cuda:N -> its model, asked once
+        self.other_gpus: set[tuple[str, str]] = set()   # (baseline's GPU, this run's) not compared
         self.trace_notes: set[str] = set()
         self.notes: list[str] = []
         self.collected: set[str] = set()
@@ -120,6 +122,32 @@ class MemlabSession:
             self.backend = f"{core.name}: {core.reason}"
         if self.baseline is not None and self.env is None:
             self.env = "cuda" if cuda_available(core) else "cpu"
+
+    def other_gpu(self, device: str, model: str | None = None) -> str:
+        """Why device's figures are not compared with the baseline: it was
+        written on another GPU kind (its environment's device), where this
+        process's device (or a rank's: model) is known; "" otherwise (the
+        CPU, the same kind, or nothing known)."""
+        if not device.startswith("cuda") or self.baseline is None:
+            return ""
+        old = self.baseline.environments.get(self.env or self.options.baseline_env or "")
+        written = old.info.get("device") if old is not None else None
+        if not written or written == "cpu":
+            return ""
+        if model is None:
+            model = self._gpu_models.get(device)
+            if model is None:
+                torch = sys.modules.get("torch")
+                if torch is None or not torch.cuda.is_initialized():
+                    return ""   # never initialised here to ask: compared, as before
+                try:
+                    model = self._gpu_models[device] = torch.cuda.get_device_name(int(device.split(":")[1]))
+                except Exception:
+                    return ""
+        if model == written:
+            return ""
+        self.other_gpus.add((written, model))
+        return f"the baseline was written on {written}, this test ran on {model}"
 
     def made(self, result: TestResult) -> None:
         """A result this process made (it comes back with the teardown report)."""
