@@ -183,7 +183,7 @@ _SCRIPT = r"""
   // A label that fits between left and right: moved in, else cut (its whole
   // text stays in its tooltip).
   function fitLabel(text, x, left, right) {
-    let w = text.getComputedTextLength();
+    let w = textWidth(text);
     if (x + w > right) { x = Math.max(left, right - w); }
     if (x + w > right) {
       const whole = text.textContent;
@@ -192,11 +192,21 @@ _SCRIPT = r"""
       while (keep > 8 && x + w > right) {
         keep = Math.floor(keep * 0.9);
         text.firstChild.textContent = whole.slice(0, keep) + '\u2026';
-        w = text.getComputedTextLength();
+        w = textWidth(text);
       }
     }
     text.setAttribute('x', x);
     return w;
+  }
+  // Text widths from a canvas in the font the page's svg text has: no
+  // layout of the page is forced while it is still being drawn (a forced
+  // layout of an index of thousands of rows would delay it).
+  const measure = document.createElement('canvas').getContext('2d');
+  measure.font = '11px system-ui,sans-serif';
+  function textWidth(text) { return measure.measureText(text.firstChild ? text.firstChild.textContent : '').width; }
+  // a label's box (its text starts at x; 11px type on its baseline y)
+  function labelBox(text) {
+    return {x: +text.getAttribute('x'), y: +text.getAttribute('y') - 10, width: textWidth(text), height: 13};
   }
   function overlap(a, b) {
     return a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height;
@@ -243,7 +253,7 @@ _SCRIPT = r"""
       const base = pts.map(function () { return 0; });
       const head = el('text', {x: L, y: 17, class: 'kind-title'}, 'own bytes by kind:');
       svg.appendChild(head);
-      let lx = L + head.getComputedTextLength() + 8;
+      let lx = L + textWidth(head) + 8;
       Object.keys(KINDS).filter(function (k) { return det.kinds[k]; }).forEach(function (k) {
         const vals = det.kinds[k], up = [], down = [];
         pts.forEach(function (p, i) {
@@ -258,7 +268,7 @@ _SCRIPT = r"""
         svg.appendChild(el('rect', {x: lx, y: 8, width: 10, height: 10, fill: KINDS[k][0], class: 'kind-key'}));
         const label = el('text', {x: lx + 14, y: 17, class: 'kind-label'}, KINDS[k][1]);
         svg.appendChild(label);
-        lx += 14 + label.getComputedTextLength() + 12;
+        lx += 14 + textWidth(label) + 12;
       });
     }
     if (!sameTotal) band(3, 4, '#1f77b4', 'total');
@@ -274,7 +284,7 @@ _SCRIPT = r"""
       svg.appendChild(text);
       return {m: m, x: X(m.at), color: color, text: text};
     });
-    items.forEach(function (it) { it.w = it.text.getComputedTextLength(); });
+    items.forEach(function (it) { it.w = textWidth(it.text); });
     const ends = [];
     let hidden = 0;
     items.forEach(function (it) {
@@ -319,7 +329,7 @@ _SCRIPT = r"""
       // point, on the side with room
       const text = el('text', {x: 0, y: y - 10 >= T + 12 ? y - 10 : y + 17, class: 'peak-label'}, label);
       svg.appendChild(text);
-      const w = text.getComputedTextLength(), left = L + 4, right = W - R - 4;
+      const w = textWidth(text), left = L + 4, right = W - R - 4;
       let tx = x > L + (W - L - R) * 0.6 ? x - 8 - w : x + 8;
       if (tx + w > right && x - 8 - w >= left) tx = x - 8 - w;
       else if (tx < left && x + 8 + w <= right) tx = x + 8;
@@ -334,9 +344,9 @@ _SCRIPT = r"""
                                   class: 'budget'}));
       const text = el('text', {x: 0, y: y - 4, fill: '#555', class: 'budget-label'}, 'budget: max ' + size(d.max));
       svg.appendChild(text);
-      fitLabel(text, W - R - 4 - text.getComputedTextLength(), L + 4, W - R - 4);
+      fitLabel(text, W - R - 4 - textWidth(text), L + 4, W - R - 4);
       const peak = svg.querySelector('.peak-label');
-      if (peak && overlap(peak.getBBox(), text.getBBox())) text.setAttribute('y', y + 13);
+      if (peak && overlap(labelBox(peak), labelBox(text))) text.setAttribute('y', y + 13);
     }
     // what the test kept past its teardown is in the own line (the tensors
     // are its own) but not in its own peak: said at the line's end
@@ -346,11 +356,11 @@ _SCRIPT = r"""
       const text = el('text', {x: 0, y: y > T + 40 ? y - 6 : y + 14, 'text-anchor': 'start', class: 'kept-label',
                                fill: '#d62728'}, size(d.kept) + ' kept past teardown (not in the own peak)');
       svg.appendChild(text);
-      const w = text.getComputedTextLength();
+      const w = textWidth(text);
       fitLabel(text, X(xmax) - 4 - w, L + 4, W - R - 4);
       const others = svg.querySelectorAll('.peak-label, .budget-label');
       for (let k = 0; k < others.length && Array.prototype.some.call(others, function (o) {
-        return overlap(o.getBBox(), text.getBBox());
+        return overlap(labelBox(o), labelBox(text));
       }); k++) {
         text.setAttribute('y', +text.getAttribute('y') + 14);
       }
