@@ -122,7 +122,7 @@ def test_a_path_after_the_bare_flag_is_a_path(inner):
     (sub / "test_other.py").write_text("def test_other():\n    pass\n")
     result = inner.runpytest_inprocess("--memlab-report", "sub")
     result.assert_outcomes(passed=1)                       # only sub/ was collected
-    result.stdout.fnmatch_lines(["test * own peak*", "sub/test_other.py::test_other *"])
+    result.stdout.fnmatch_lines(["on cpu, in sub/test_other.py:", "test * own peak*", "test_other *"])
     result = inner.runpytest_inprocess("test_suite.py::test_within", "--memlab-report", "sub/test_other.py")
     result.assert_outcomes(passed=2)
     result = inner.runpytest_inprocess("--memlab-report=term", "sub")
@@ -567,23 +567,25 @@ def test_the_terminal_table_fits_100_columns_worst_first_and_follows_q_and_v(inn
     listed = lines[start:]          # the table, and the heaviest tests' lines after it
     assert all(len(ln) <= 100 for ln in listed), max(listed, key=len)
     result.stdout.fnmatch_lines([
-        "26 tests measured (backend *",
-        "on cpu:",
-        "test * own peak * total peak * max * use * leaked",
+        "26 tests measured through torch's allocators (torch *)",
+        "on cpu, in test_table.py:",
+        "test * own peak * total peak * max * use",
         # worst first: the test with a budget uses 75% of it
-        "test_table.py::test_near_its_budget * 1.5 MiB * 1.5 MiB * 2.0 MiB * 75% * 0 B",
-        "test_table.py::*_the_table[[]25] * 25.0 MiB * 25.0 MiB * - * - * 0 B",
+        "test_near_its_budget * 1.5 MiB * 1.5 MiB * 2.0 MiB * 75%",
+        # a name longer than the room: cut in its middle, its start and its parameters kept
+        "test_a_rather_long_t...*_table[[]25]  25.0 MiB * 25.0 MiB * - * -",
         "... and 6 more rows (-v shows all)",
-        "the heaviest tests, by the lines that allocated most:",
+        "the heaviest tests, by the lines that allocated most (allocated over the test, not held at once):",
         "test_table.py::test_a_rather_lo*[[]25] (cpu, own peak 25.0 MiB)",
-        f"    25.0 MiB  test_table.py:{line_no(inner.path / 'test_table.py', 'a = torch.empty(n')} te*_the_table",
+        f"    25.0 MiB allocated by test_table.py:{line_no(inner.path / 'test_table.py', 'a = torch.empty(n')} "
+        "te*_the_table: a = torch.empty(n * MiB, dtype=torch.uint8)",
     ])
     assert next(i for i, ln in enumerate(listed) if ln.startswith("... and")) == 1 + 20   # header and 20 rows
     verbose = inner.runpytest_inprocess("--memlab-report", "-v").stdout.str().split("= memlab =")[1]
-    rows = [ln for ln in verbose.splitlines() if ln.startswith("test_table.") and " MiB " in ln and "own peak" not in ln]
+    rows = [ln for ln in verbose.splitlines() if ln.startswith(("test_a_rather", "test_near")) and " MiB " in ln]
     assert len(rows) == 26 and verbose.count("(cpu, own peak") == 10 and "more rows" not in verbose
     quiet = inner.runpytest_inprocess("--memlab-report", "-q").stdout.str().split("= memlab =")[1]
-    rows = [ln for ln in quiet.splitlines() if ln.startswith("test_table.")]
+    rows = [ln for ln in quiet.splitlines() if ln.startswith(("test_a_rather", "test_near"))]
     assert len(rows) == 10 and "heaviest tests" not in quiet and "16 more rows" in quiet
     counts_only = inner.runpytest_inprocess("--memlab-report", "-qq").stdout.str()
     assert "26 tests measured" in counts_only and " own peak " not in counts_only

@@ -137,7 +137,7 @@ def test_the_heaviest_lines_say_they_count_bytes_allocated_not_held(inner):
     result.assert_outcomes(passed=1)
     n = line_no(inner.path / "test_loops.py", "x = torch.empty")
     result.stdout.fnmatch_lines([
-        "the heaviest tests, by the lines that allocated most (bytes allocated over the test, not held at once):",
+        "the heaviest tests, by the lines that allocated most (allocated over the test, not held at once):",
         "test_loops.py::test_loops (cpu, own peak 4.0 MiB)",
         f"    12.0 MiB allocated by test_loops.py:{n} test_loops: x = torch.empty(4 * MiB, dtype=torch.uint8)",
     ])

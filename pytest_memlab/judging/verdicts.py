@@ -428,14 +428,15 @@ class Verdicts:
                 change = compare(figures.device, entry["peak"], figures.peak, tolerance, options.baseline, child.label)
                 if options.update_baseline:
                     continue
-                if final:
-                    failures += [f"{child.label} (pid {child.pid}): {text}" for text in self._phase_failures(
-                        run, phase_changes(figures.device, entry, figures, tolerance, options.baseline, child.label),
-                        figures)]
-                if change.key in run.failed:
-                    continue
-                if change.kind == "regressed" or (final and change.kind == "improved" and options.fail_on_improvement):
+                if change.key not in run.failed and (
+                        change.kind == "regressed"
+                        or (final and change.kind == "improved" and options.fail_on_improvement)):
                     run.failed[change.key] = change
                     text = baseline_failure(change, figures, options.top)
                     failures.append(f"{child.label} (pid {child.pid}): {text}")
+                # a rank's phases are whole once it ended (within the call):
+                # judged with its peak, in the same failure
+                failures += [f"{child.label} (pid {child.pid}): {text}" for text in self._phase_failures(
+                    run, phase_changes(figures.device, entry, figures, tolerance, options.baseline, child.label),
+                    figures)]
         return failures

@@ -499,27 +499,31 @@ _SCRIPT = r"""
       // each child process (each rank) of the test, its own peak on this
       // device (a CUDA device: the one where its own peak was highest)
       const h3 = document.createElement('h3');
-      const a = (t.across_processes || {})[dev];
+      // across the ranks, each on its own device (by kind: cpu, cuda)
+      const a = (t.across_processes || {})[dev.split(':')[0]];
       h3.textContent = t.processes.length + ' processes' + (a && a.processes > 1 ?
         ': max ' + size(a.max) + ' (' + a.worst + '), spread ' + size(a.spread) : '');
       box.appendChild(h3);
       const tab = document.createElement('table');
       tab.id = 'processes';
-      tab.innerHTML = '<tr><th>process</th><th>pid</th><th>own peak</th><th>total peak</th><th>line that allocated most (over the process, not held at once)</th></tr>' +
+      tab.innerHTML = '<tr><th>process</th><th>pid</th><th>device</th><th>own peak</th><th>total peak</th><th>line that allocated most (over the process, not held at once)</th></tr>' +
         t.processes.map(function (pr) {
-          let f = pr.devices[dev];
+          let f = pr.devices[dev], on = f ? dev : '';
           if (!f && dev.indexOf('cuda') === 0) {
             Object.keys(pr.devices).forEach(function (k) {
-              if (k.indexOf('cuda') === 0 && pr.devices[k].peak !== undefined && (!f || pr.devices[k].peak > f.peak)) f = pr.devices[k];
+              if (k.indexOf('cuda') === 0 && pr.devices[k].peak !== undefined && (!f || pr.devices[k].peak > f.peak)) {
+                f = pr.devices[k];
+                on = k;
+              }
             });
           }
           if (pr.state !== 'done' || !f) {
             return '<tr><td style="text-align:left">' + esc(pr.label) + '</td><td>' + esc(pr.pid) +
-              '</td><td colspan="3" style="text-align:left">no figures: ' + esc(pr.why || '') + '</td></tr>';
+              '</td><td colspan="4" style="text-align:left">no figures: ' + esc(pr.why || '') + '</td></tr>';
           }
           const top = (f.top || [])[0];
           return '<tr><td style="text-align:left">' + esc(pr.label) + '</td><td>' + esc(pr.pid) + '</td><td>' +
-            esc(size(f.peak)) + '</td><td>' + esc(size(f.peak_total)) + '</td><td style="text-align:left">' +
+            esc(on) + '</td><td>' + esc(size(f.peak)) + '</td><td>' + esc(size(f.peak_total)) + '</td><td style="text-align:left">' +
             (top ? esc(size(top.bytes) + ' ' + top.file + ':' + top.line + ' ' + top.function) : '') + '</td></tr>';
         }).join('');
       box.appendChild(tab);

@@ -220,7 +220,7 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
     heaviest = heaviest[:0 if verbosity < 0 else (10 if verbosity > 0 else 3)]
     if heaviest:
         out.append(("the heaviest tests, by the lines that allocated most "
-                    "(bytes allocated over the test, not held at once):", True))
+                    "(allocated over the test, not held at once):", True))
     for r, d in heaviest:
         kept = f"; {format_size(d.kept)} kept past teardown, not in it" if d.kept else ""
         name = cut_nodeid(r.nodeid, WIDTH - len(f" ({d.device}, own peak {format_size(d.peak)}{kept})"))
