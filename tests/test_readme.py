@@ -1,45 +1,40 @@
-"""The README's example output is what the demo prints: every example
-block that quotes the demo suite (fixtures/demo) appears, line for line and
-in order, in the output of a run of that suite."""
+"""The README's example output is what the demo prints: every block of
+output in the README that quotes the demo suite (fixtures/demo) appears,
+line for line and in order, in a run of that suite with the command the
+README shows (tests/test_docs.py checks the manual's pages, and the
+README's markers, the same way)."""
 
 import pathlib
-import subprocess
-import sys
 
 from conftest import requires_torch
+from test_docs import ROOT, blocks, find, normalized, run_scenario
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
-def _demo_blocks() -> list[list[str]]:
-    """The README's plain (untagged) code blocks that quote the demo."""
-    blocks, block, tag = [], None, ""
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if line.startswith("```"):
-            if block is None:
-                block, tag = [], line[3:].strip()
-            else:
-                if not tag and any("test_demo_budgets.py" in b for b in block):
-                    blocks.append(block)
-                block = None
-        elif block is not None:
-            block.append(line)
-    return blocks
+def _demo_blocks() -> list:
+    """The README's blocks of output (text or untagged) that quote the demo."""
+    return [b for b in blocks(README)
+            if b.language in ("", "text") and any("test_demo_budgets.py" in line for line in b.lines)]
+
+
+def test_the_readme_is_a_front_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200, "the README is the front page: at most 200 lines, the rest in docs/"
+    for page in pathlib.Path(ROOT / "docs").glob("*.md"):
+        if page.name != "index.md":
+            assert f"(docs/{page.name})" in text, f"the README links no docs/{page.name}"
 
 
 @requires_torch
 def test_the_readme_shows_what_the_demo_prints(tmp_path):
-    blocks = _demo_blocks()
-    assert len(blocks) >= 2, "the README quotes the demo's budget regression and its leak"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:randomly",
-                           f"--junitxml={tmp_path / 'j.xml'}"], cwd=ROOT / "fixtures" / "demo",
-                          capture_output=True, text=True, env={**__import__("os").environ, "MEMLAB_CORE": "bridge"})
-    out = proc.stdout.splitlines()
-    for block in blocks:
-        start = next((i for i, line in enumerate(out) if line == block[0]), None)
-        assert start is not None, f"the demo does not print the README's line {block[0]!r}"
-        assert out[start:start + len(block)] == block, "\n".join(out[start:start + len(block)])
+    quoted = _demo_blocks()
+    assert len(quoted) >= 2, "the README quotes the demo's budget failure and its table"
+    output, folder = run_scenario("demo", tmp_path)["verbose"]
+    out = normalized(output.splitlines(), str(folder))
+    for block in quoted:
+        assert find(normalized(block.lines), out), f"{block.where()}: not in the demo's output:\n{output}"
     import torch
 
     if not torch.cuda.is_available():   # the committed baseline has every test the CPU runs
-        assert "new (not in the baseline)" not in proc.stdout
+        assert "new (not in the baseline)" not in output
