@@ -246,6 +246,17 @@ class ChildMeasurement:
             for device, peaks in phases.items():
                 if device in figures and figures[device].measured:
                     figures[device].phase_peaks = peaks
+            for device, f in figures.items():
+                # The process's own peak on a GPU is its caching allocator's
+                # highest total where nothing predates the measurement (it
+                # began with the process): what torch.cuda.max_memory_allocated
+                # reads in the rank.  The scope's own count can fall short of
+                # it by blocks that only the trace tracker heard, on a thread
+                # without the reporter, whose sizes it estimates (an FSDP2
+                # rank: 2.0 MiB of 178 MiB).
+                if (device.startswith("cuda") and f.measured and f.start_total == 0
+                        and f.peak_total is not None and f.peak is not None and f.peak_total > f.peak):
+                    f.peak = f.peak_total
             devices = devices_record(figures, top)
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
