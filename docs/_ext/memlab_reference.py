@@ -9,9 +9,9 @@ definitions themselves, so that it cannot drift from the code:
   its option, is a build warning (an error under ``-W``).
 - ``{memlab-markers}``: each marker as ``pytest --markers`` registers it
   (``MARKERS``) and the keywords it accepts (``_KEYWORDS``, what the
-  parser checks), each linked to the label ``marker-KEYWORD`` that the
-  page describing it must define: a keyword added to the code and not
-  described in the manual is an undefined label, a build error.
+  parser checks), each linked to the heading of docs/budgets.md that names
+  it in backticks: a keyword added to the code and described by no heading
+  there is a build warning (an error under ``-W``).
 
 Each option entry is Sphinx's ``option`` directive, so a page links to one
 with ``{option}`--memlab-report```.
@@ -20,6 +20,7 @@ with ``{option}`--memlab-report```.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from docutils import nodes
 from docutils.statemachine import StringList
@@ -121,7 +122,23 @@ def options_markdown(location=None) -> list[str]:
     return lines
 
 
-def markers_markdown() -> list[str]:
+def _keyword_headings(page) -> dict[str, str]:
+    """keyword -> the slug of the first heading of page that names it in
+    backticks (the slug GitHub and MyST give that heading)."""
+    from myst_parser.slugs import github_slugify
+
+    found: dict[str, str] = {}
+    for line in page.read_text().splitlines():
+        heading = re.match(r"^#{2,4} (.*)$", line)
+        if heading is None:
+            continue
+        slug = github_slugify(heading.group(1).replace("`", ""))
+        for keyword in re.findall(r"`([a-z_]+)(?:=[^`]*)?`", heading.group(1)):
+            found.setdefault(keyword, slug)
+    return found
+
+
+def markers_markdown(page, location=None) -> list[str]:
     from pytest_memlab import markers
 
     lines: list[str] = []
@@ -134,11 +151,18 @@ def markers_markdown() -> list[str]:
     for name in names:
         lines += [f"`@pytest.mark.{name}`, as `pytest --markers` lists it:", "",
                   "```text", f"@pytest.mark.{markers.MARKERS[name]}", "```", ""]
+    headings = _keyword_headings(page)
     lines += ["| keyword (linked to where it is described) | " + " | ".join(f"`{n}`" for n in names) + " |",
               "| --- | " + " | ".join("---" for _ in names) + " |"]
     for keyword in keywords:
         cells = ["yes" if keyword in markers._KEYWORDS[n] else "no" for n in names]
-        lines.append(f"| {{ref}}`{keyword} <marker-{keyword}>` | " + " | ".join(cells) + " |")
+        if keyword in headings:
+            link = f"[`{keyword}`]({page.name}#{headings[keyword]})"
+        else:
+            logger.warning(f"memlab-markers: no heading of {page.name} names the keyword `{keyword}`",
+                           location=location)
+            link = f"`{keyword}`"
+        lines.append(f"| {link} | " + " | ".join(cells) + " |")
     lines.append("")
     return lines
 
@@ -162,8 +186,14 @@ class OptionsDirective(_Generated):
 
 
 class MarkersDirective(_Generated):
+    """``{memlab-markers} budgets.md``: the page whose headings describe the keywords."""
+
+    required_arguments = 1
+
     def markdown(self):
-        return markers_markdown()
+        page = Path(self.env.srcdir) / self.arguments[0]
+        self.env.note_dependency(str(page))
+        return markers_markdown(page, location=self.get_location())
 
 
 def setup(app):
