@@ -26,4 +26,3 @@ smartquotes = False               # "--memlab" stays two hyphens, quotes stay as
 
 html_theme = "furo"
 html_title = "pytest-memlab"
-pygments_style = "sphinx"
