@@ -63,10 +63,11 @@ def test_small():
         "cpu total peak 12.0 MiB exceeds max_total 10.0 MiB by 2.0 MiB",
         "*= memlab =*",
         "2 tests measured*",
-        "on cpu:",   # one device: its column goes, as does the reserved peak (no pool on the CPU)
-        "test*own peak*total peak*max*use*leaked",
-        "test_inner.py::test_total*12.0 MiB*12.0 MiB*-*-*0 B",
-        "test_inner.py::test_small*3.0 MiB*3.0 MiB*1.00 GiB*0%*0 B",
+        # one device and one file: said once above the rows; no reserved peak (no pool on the CPU)
+        "on cpu, in test_inner.py:",
+        "test*own peak*total peak*max*use",
+        "test_total*12.0 MiB*12.0 MiB*-*-",
+        "test_small*3.0 MiB*3.0 MiB*1.00 GiB*0%",
     ])
 
 
@@ -334,10 +335,10 @@ def test_plain():
     result.assert_outcomes(passed=1)
     assert "= memlab =" not in result.stdout.str()
     result = inner.runpytest_inprocess("-v", "--memlab-report")
-    result.stdout.fnmatch_lines([f"on {device}:", "test_inner.py::test_plain*2.0 MiB*"])
+    result.stdout.fnmatch_lines([f"on {device}, in test_inner.py:", "test_plain*2.0 MiB*"])
     inner.makeini("[pytest]\naddopts = -p no:cacheprovider\nmemlab_report = term\n")
     result = inner.runpytest_inprocess("-v")
-    result.stdout.fnmatch_lines([f"on {device}:", "test_inner.py::test_plain*2.0 MiB*"])
+    result.stdout.fnmatch_lines([f"on {device}, in test_inner.py:", "test_plain*2.0 MiB*"])
 
 
 def test_cuda_marker_without_cuda_runs_unmeasured_or_fails_when_required(inner):

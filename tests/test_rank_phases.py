@@ -74,7 +74,7 @@ def test_train():
 
 
 def run(inner, *args):
-    inner.makepyfile(test_ranks=TRAINING)
+    inner.makepyfile(test_rank_train=TRAINING)
     result = inner.runpytest_inprocess("-v", "--memlab-json=r.json", *args)
     data = json.loads((inner.path / "r.json").read_text())
     return result, data["tests"][0]
@@ -95,7 +95,7 @@ def test_each_ranks_phases_are_kept_in_the_baseline_and_compared_rank_by_rank(in
     assert phases[0] == phases[1]
     # forward: the output (512 x 256 float32) at least; step: the momentum buffers (parameters' size)
     assert phases[0]["forward"] >= 512 * 256 * 4 and phases[0]["step"] >= (256 * 256 + 256) * 4
-    entries = json.loads((inner.path / "bl.json").read_text())["tests"]["test_ranks.py::test_train"]
+    entries = json.loads((inner.path / "bl.json").read_text())["tests"]["test_rank_train.py::test_train"]
     assert entries["cpu@rank 0"]["phases"] == phases[0] and entries["cpu@rank 1"]["phases"] == phases[1]
 
     result, test = run(inner, "--memlab-baseline=bl.json")
@@ -107,12 +107,37 @@ def test_each_ranks_phases_are_kept_in_the_baseline_and_compared_rank_by_rank(in
     grown = rank_phases(test)[1]
     assert grown["forward"] >= phases[1]["forward"] + MiB
     out = result.stdout.str()
+    # rank 1's peak grew with its forward: one failure, each phase beside it
+    result.stdout.fnmatch_lines([
+        "rank 1 (pid *): cpu peak grew from * to * (+*%), over the tolerance 2%,64KiB (baseline bl.json)",
+        "  by phase against the baseline: forward * -> *, backward * -> *, step * -> *",
+    ])
+    assert "rank 0 (pid" not in out
+    assert test["failed_by_memlab"] == ["cpu baseline [rank 1]"]
+    # the test's own process held: the summary counts the test regressed all the same
+    assert "baseline bl.json [cpu]: 1 compared, 1 regressed" in out
+
+
+def test_a_phase_that_grew_while_the_peak_held_fails_by_itself(inner, monkeypatch):
+    """rank 1's forward keeps 1 MiB more, and the baseline says its step
+    held more than its forward: the step's peak (the rank's peak) holds,
+    its forward's grows: a failure of its own."""
+    monkeypatch.delenv("SPREAD", raising=False)
+    monkeypatch.delenv("WIDE", raising=False)
+    result, test = run(inner, "--memlab-baseline=bl.json", "--memlab-update-baseline")
+    assert result.ret == 0
+    path = inner.path / "bl.json"
+    data = json.loads(path.read_text())
+    entry = data["tests"]["test_rank_train.py::test_train"]["cpu@rank 1"]
+    entry["phases"]["forward"] -= MiB   # as if the forward had held 1 MiB less when it was written
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    result, test = run(inner, "--memlab-baseline=bl.json")
+    assert result.ret == 1
     result.stdout.fnmatch_lines([
         "rank 1 (pid *): cpu forward peak grew from * to * (+*%), over the tolerance 2%,64KiB (baseline bl.json)",
         "  the phases' peaks now: forward *, backward *, step *; the own peak *",
     ])
-    assert "rank 0 (pid" not in out
-    assert "cpu forward baseline [rank 1]" in test["failed_by_memlab"]
+    assert test["failed_by_memlab"] == ["cpu forward baseline [rank 1]"]
 
 
 def test_a_spread_budget_names_both_ranks_with_what_each_held(inner, monkeypatch):
@@ -126,7 +151,7 @@ def test_a_spread_budget_names_both_ranks_with_what_each_held(inner, monkeypatch
     result.stdout.fnmatch_lines([
         f"cpu spread between ranks * exceeds spread 1.0 MiB by *: rank 1 * on cpu, rank 0 * on cpu",
         "  rank 1 (pid *), own peak * on cpu, live at its peak by the line that allocated it (user call chain):",
-        "*test_ranks.py:* Net.forward: keep = torch.ones(extra * MiB // 4, requires_grad=True)",
+        "*test_rank_train.py:* Net.forward: keep = torch.ones(extra * MiB // 4, requires_grad=True)",
         "  rank 0 (pid *), own peak * on cpu*",
         f"  exactly {peaks[1] - peaks[0]} B against {MiB} B",
     ])

@@ -913,28 +913,6 @@ def test_the_html_timeline_says_what_its_axes_and_lines_are(inner, tmp_path):
             assert "total: the same as own here (nothing else was allocated while memlab measured)" in legend
 
 
-def test_the_readmes_dashboard_samples_are_what_memlab_writes(inner):
-    """The README's two samples, written by a real run of the test they name."""
-    import pathlib
-    import re
-
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("### Dashboards: Bencher and github-action-benchmark")[1].split("\n### ")[0]
-    samples = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", section, re.S)]
-    assert len(samples) == 2
-    inner.makepyfile(test_model="""
-import pytest, torch
-
-@pytest.mark.cpu_memory(max="8M")
-def test_forward():
-    x = torch.empty(3 * 2**20, dtype=torch.uint8)
-    x.fill_(1)
-""")
-    inner.runpytest_inprocess("--memlab-report=bmf:b.json,gab:g.json").assert_outcomes(passed=1)
-    assert json.loads((inner.path / "b.json").read_text()) == samples[0]
-    assert json.loads((inner.path / "g.json").read_text()) == samples[1]
-
-
 SUMMARY_SUITE = """
 import pytest, torch
 MiB = 2**20
@@ -1021,23 +999,3 @@ def test_the_summary_follows_its_option(inner, monkeypatch):
     result = inner.runpytest_inprocess("--memlab-summary=")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--memlab-summary names no file (write --memlab-summary=PATH, or off)"])
-
-
-def test_the_readmes_summary_sample_is_what_memlab_writes(inner, monkeypatch):
-    """The README's sample summary, written by the runs it shows (CPU only:
-    on CUDA the unmarked cache tests measure the GPU)."""
-    import pathlib
-    import re
-
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("the sample is the CPU machine's")
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("### The pull-request summary")[1].split("\n### memory_viz")[0]
-    sample = re.findall(r"```markdown\n(.*?)```", section, re.S)[0]
-    inner.makepyfile(test_suite=SUMMARY_SUITE.format(grow=0))
-    inner.runpytest_inprocess("--memlab-baseline=bl.json", "--memlab-update-baseline", "-p", "no:randomly")
-    inner.makepyfile(test_suite=SUMMARY_SUITE.format(grow="MiB"))
-    inner.runpytest_inprocess("--memlab-baseline=bl.json", "--memlab-summary=s.md", "-p", "no:randomly")
-    assert (inner.path / "s.md").read_text() == sample + "\n"

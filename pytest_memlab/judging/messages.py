@@ -259,7 +259,18 @@ def kind_changes(old: dict | None, new: dict | None) -> list[str]:
     return ["  by kind at the peak: " + ", ".join(parts)]
 
 
-def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(), old_kinds=None) -> str:
+def phase_lines(old_phases: dict | None, figures) -> list[str]:
+    """Each phase's own peak against the baseline's, where both have it:
+    one line beside a regression of the peak (which fails the test once)."""
+    old = old_phases or {}
+    new = getattr(figures, "phase_peaks", None) or {}
+    parts = [f"{name} {format_size(old[name])} -> {format_size(peak)}"
+             for name, (peak, _) in new.items() if isinstance(old.get(name), int)]
+    return [f"  by phase against the baseline: {', '.join(parts)}"] if parts else []
+
+
+def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(), old_kinds=None,
+                     old_phases=None) -> str:
     """A regression (or, with --memlab-fail-on-improvement, an improvement)
     against the baseline: old and new figure, the change, the tolerance
     and the file; for a regression, what grew where first (changes: the
@@ -270,6 +281,7 @@ def baseline_failure(change, figures, top: int = 5, context: str = "", changes=(
     c = change
     if c.kind == "regressed":
         lines = [f"{c.device} {_change_words(c)}, over the tolerance {c.tolerance} (baseline {c.path})"]
+        lines += phase_lines(old_phases, figures)
         if not c.process:
             lines += kind_changes(old_kinds, resolve(figures))
         if changes is None:

@@ -376,7 +376,9 @@ class Verdicts:
             run.changes[device] = change
             if options.update_baseline:
                 continue
-            if final:
+            if final and change.kind != "regressed" and change.key not in run.failed:
+                # a phase that grew while the peak held (where the peak grew,
+                # its one failure says each phase beside it)
                 failures += self._phase_failures(run, phase_changes(device, entry, figures, tolerance,
                                                                     options.baseline), figures)
             if change.key in run.failed:
@@ -390,7 +392,7 @@ class Verdicts:
                     changes = None   # the growth is below the lines kept: said so
                 failures.append(baseline_failure(change, figures, options.top,
                                                  measurement.context(device, figures.seq_at_peak), changes,
-                                                 entry.get("kinds")))
+                                                 entry.get("kinds"), entry.get("phases")))
         failures += self._compare_ranks(run, final)
         return failures
 
@@ -432,11 +434,12 @@ class Verdicts:
                         change.kind == "regressed"
                         or (final and change.kind == "improved" and options.fail_on_improvement)):
                     run.failed[change.key] = change
-                    text = baseline_failure(change, figures, options.top)
+                    text = baseline_failure(change, figures, options.top, old_phases=entry.get("phases"))
                     failures.append(f"{child.label} (pid {child.pid}): {text}")
-                # a rank's phases are whole once it ended (within the call):
-                # judged with its peak, in the same failure
-                failures += [f"{child.label} (pid {child.pid}): {text}" for text in self._phase_failures(
-                    run, phase_changes(figures.device, entry, figures, tolerance, options.baseline, child.label),
-                    figures)]
+                elif change.kind != "regressed":
+                    # a rank's phases are whole once it ended (within the
+                    # call); where its peak grew, its failure says them
+                    failures += [f"{child.label} (pid {child.pid}): {text}" for text in self._phase_failures(
+                        run, phase_changes(figures.device, entry, figures, tolerance, options.baseline,
+                                           child.label), figures)]
         return failures
