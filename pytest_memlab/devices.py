@@ -111,7 +111,7 @@ def resolve(core, device: str) -> tuple[str, str]:
         return device, core.reason
     if device == CPU:
         if core.name != BRIDGE:
-            return device, f"CPU memory is measured only through the torch bridge ({core.reason})"
+            return device, "CPU memory is measured only through the torch bridge, which is unavailable here"
         return device, ""
     cuda = core.torch.cuda
     if not cuda_available(core):

@@ -239,6 +239,12 @@ def add_options(parser) -> None:
         help="a cuda_memory test that cannot be measured (no CUDA) fails (ini: memlab_require_cuda)",
     )
     group.addoption(
+        "--memlab-accept-unjudged", action="store_true", default=None,
+        help="a marked test whose budget memlab could not judge (no torch bridge: no C++ compiler, an "
+             "unsupported torch) leaves the session's outcome alone; by default the session fails and "
+             "says why (ini: memlab_accept_unjudged)",
+    )
+    group.addoption(
         "--memlab-top", type=positive_int, default=None, metavar="N",
         help="lines and tensors shown per test in failures and reports (default 5) (ini: memlab_top)",
     )
@@ -317,6 +323,7 @@ def add_options(parser) -> None:
     parser.addini("memlab_details", default="flagged", help="as --memlab-details")
     parser.addini("memlab_snapshot", default="", help="as --memlab-snapshot (relative to the rootdir)")
     parser.addini("memlab_require_cuda", default="false", help="as --memlab-require-cuda")
+    parser.addini("memlab_accept_unjudged", default="false", help="as --memlab-accept-unjudged")
     parser.addini("memlab_children", default="on", help="as --memlab-children (on or off)")
     parser.addini("memlab_summary", default="", help="as --memlab-summary (relative to the rootdir; off: none)")
     parser.addini("memlab_rank_dir", default="", help="as --memlab-rank-dir (relative to the rootdir)")
@@ -388,6 +395,7 @@ class Options:
     require_cuda: bool
     top: int
     include: tuple[str, ...]
+    accept_unjudged: bool = False   # a budget memlab could not judge leaves the session's outcome alone
     leaks: str = "warn"
     leak_repeat: int = 0
     baseline: Path | None = None
@@ -543,6 +551,7 @@ class Options:
             measure_all=_flag(config, "memlab") or bool(report) or baseline is not None
             or snapshot is not None,
             require_cuda=_flag(config, "memlab_require_cuda"),
+            accept_unjudged=_flag(config, "memlab_accept_unjudged"),
             top=top,
             include=tuple(config.getoption("memlab_include") or config.getini("memlab_include")),
         )

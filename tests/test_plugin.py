@@ -432,8 +432,68 @@ def test_without_the_bridge_cpu_is_not_measured_and_says_why(inner, monkeypatch)
     result.stdout.fnmatch_lines([
         "0 tests measured from torch.cuda's counters only, no line attribution (torch *): the torch bridge is "
         "unavailable: MEMLAB_BRIDGE=*missing.so' is not a file; 1 not measured (below)",
-        "not measured: test_inner.py::test_cpu cpu: CPU memory is measured only through the torch bridge*",
+        "not measured: test_inner.py::test_cpu cpu: CPU memory is measured only through the torch bridge, "
+        "which is unavailable here",
     ])
+    # a budget never passes unjudged: the session fails, saying why and what to do, in one line
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "pytest-memlab: 1 marked test not judged: the torch bridge is unavailable: MEMLAB_BRIDGE=*missing.so' "
+        "is not a file. To judge it: point MEMLAB_BRIDGE at a bridge built for this torch elsewhere. "
+        "The session fails for it (--memlab-accept-unjudged accepts this).",
+    ])
+    # the reason is said in the head line and the fix once: not three times over
+    assert result.stdout.str().count("missing.so") == 2, result.stdout.str()
+    # accepted, with the option or its ini twin: the tests' own outcome stands
+    for accept in (["--memlab-accept-unjudged"], ["-o", "memlab_accept_unjudged=true"]):
+        accepted = inner.runpytest_subprocess("-v", *accept)
+        assert accepted.ret == pytest.ExitCode.OK, accepted.stdout.str()
+        accepted.stdout.fnmatch_lines(["pytest-memlab: 1 marked test not judged: *. Accepted "
+                                       "(--memlab-accept-unjudged)."])
+
+
+def test_an_unjudged_budget_fails_the_session_under_xdist_too(inner, monkeypatch):
+    pytest.importorskip("xdist")
+    monkeypatch.setenv("MEMLAB_CORE", "auto")
+    monkeypatch.setenv("MEMLAB_BRIDGE", str(inner.path / "missing.so"))
+    inner.makepyfile(test_inner=HEADER + BROKEN_BRIDGE_BODY)
+    result = inner.runpytest_subprocess("-n", "2")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["pytest-memlab: 1 marked test not judged: the torch bridge is unavailable*"])
+
+
+def test_a_compiler_that_fails_is_said_in_one_line_with_its_output_in_a_file(tmp_path, monkeypatch):
+    """The bridge's build with a C++ compiler that fails (CXX=/bin/false):
+    a short reason naming the compiler and the file that holds its command
+    and output, not the 600-character command line."""
+    torch = pytest.importorskip("torch")
+    from pytest_memlab.engine.bridge_build import BridgeBuildError, build
+
+    monkeypatch.setenv("CXX", "/bin/false")
+    with pytest.raises(BridgeBuildError) as info:
+        build(torch, tmp_path)
+    message = str(info.value)
+    assert message.startswith("the C++ compiler '/bin/false' failed (exit 1); its command and output: ")
+    assert "\n" not in message and len(message) < 300, message
+    log = message.rsplit(": ", 1)[1]
+    assert log.startswith(str(tmp_path)) and open(log).read().startswith("/bin/false -O2 -std=c++17")
+    assert not list(tmp_path.glob("*.so"))   # nothing half-built is left
+
+
+def test_the_bridges_first_build_says_where_it_went_and_how_long_it_took(inner, monkeypatch, tmp_path):
+    """A bridge built on first use (no prebuilt one: MEMLAB_PREBUILT=0) into
+    an empty cache: one line in the summary; the next run loads it, silent."""
+    monkeypatch.setenv("MEMLAB_CORE", "bridge")
+    monkeypatch.setenv("MEMLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MEMLAB_PREBUILT", "0")
+    inner.makepyfile(test_inner=HEADER + BROKEN_BRIDGE_BODY)
+    first = inner.runpytest_subprocess()
+    assert first.ret == pytest.ExitCode.OK, first.stdout.str()
+    first.stdout.fnmatch_lines([f"pytest-memlab: built the torch bridge for torch * in * s: {tmp_path}/cache/bridge/"
+                                "memlab_bridge-*.so (later runs load it)"])
+    second = inner.runpytest_subprocess()
+    assert second.ret == pytest.ExitCode.OK and "built the torch bridge" not in second.stdout.str()
 
 
 def test_without_the_bridge_memlab_core_bridge_is_an_error_naming_memlab(inner, monkeypatch):

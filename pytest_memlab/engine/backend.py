@@ -56,7 +56,9 @@ def _find_or_build_bridge(torch) -> Path:
         return Path(explicit)
     facts = torch_facts(torch)
     prebuilt = Path(__file__).resolve().parent.parent / "_bridge" / library_name(facts)
-    if prebuilt.is_file():
+    # MEMLAB_PREBUILT=0: built on first use even where the install built one
+    # (as a wheel built without torch does; the tests take that path)
+    if prebuilt.is_file() and os.environ.get("MEMLAB_PREBUILT", "1") != "0":
         return prebuilt
     return build(torch, cache_dir() / "bridge")
 
@@ -120,13 +122,14 @@ def _choose() -> Core:
         reason = f"the torch bridge is unavailable: {exc}"
         if mode == BRIDGE:
             raise MemlabCoreError(f"MEMLAB_CORE=bridge, but {reason}") from exc
-        warnings.warn(
-            MemlabWarning(
-                f"pytest-memlab: {reason}. CUDA budgets fall back to torch.cuda counters "
-                "(own peak estimated as growth over the starting total, no CPU measurement)."
-            ),
-            stacklevel=2,
-        )
+        if _sessions == 0:   # a pytest session's summary says it, with what to do
+            warnings.warn(
+                MemlabWarning(
+                    f"pytest-memlab: {reason}. CUDA budgets fall back to torch.cuda counters "
+                    "(own peak estimated as growth over the starting total, no CPU measurement)."
+                ),
+                stacklevel=2,
+            )
         return Core(COUNTERS, reason, torch=torch)
     bridge.attach_tracker_when_cuda_starts(torch)
     bridge.install_cpu_allocator()

@@ -16,9 +16,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 BRIDGE_SOURCES = ("bridge.cpp", "memlab_bridge.h")
+
+# The build this process made, if it made one: (path, seconds), for the one
+# line that says where the bridge went and how long it took.
+BUILT: dict = {}
 
 
 class BridgeBuildError(RuntimeError):
@@ -120,6 +125,7 @@ def build(torch, out_dir: str | os.PathLike) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=out_dir)
     os.close(fd)
+    started = time.perf_counter()
     try:
         cmd = compile_command(facts, tmp)
         try:
@@ -127,11 +133,13 @@ def build(torch, out_dir: str | os.PathLike) -> Path:
         except OSError as exc:
             raise BridgeBuildError(f"cannot run the C++ compiler {cmd[0]!r}: {exc}") from None
         if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
-            raise BridgeBuildError(
-                "compiling the torch bridge failed:\n  " + " ".join(cmd) + "\n" + "\n".join(tail)
-            )
+            # the whole command and output go to a file; the message stays one line
+            log = out_dir / f"build-{bridge_key(facts)}.log"
+            log.write_text(" ".join(cmd) + "\n\n" + proc.stdout + proc.stderr)
+            raise BridgeBuildError(f"the C++ compiler {cmd[0]!r} failed (exit {proc.returncode}); "
+                                   f"its command and output: {log}")
         os.replace(tmp, target)
+        BUILT.update(path=str(target), seconds=time.perf_counter() - started)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

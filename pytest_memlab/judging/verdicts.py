@@ -246,6 +246,11 @@ class Verdicts:
                 if final or not spec.marked:
                     continue
                 reason = measurement.unmeasured[device]
+                if not measurement.bridged:
+                    # no torch bridge (no compiler, an unsupported torch): a
+                    # marker that was never judged fails the session at its
+                    # end unless --memlab-accept-unjudged (session.py)
+                    run.unjudged.append(f"{device}: {reason}")
                 if spec.kind == "cuda" and self.options.require_cuda:
                     failures.append(f"{device} not measured: {reason} (--memlab-require-cuda)")
                 else:

@@ -81,6 +81,12 @@ class Measurement:
         self.left: dict[str, list] = {}   # device -> blocks of a leak confirmed at teardown
         self._t0 = 0.0
 
+    @property
+    def bridged(self) -> bool:
+        """Whether torch's allocators are heard (the torch bridge loaded):
+        else a marker's budgets may go unjudged (verdicts, session)."""
+        return self.core.name == BRIDGE
+
     # -- bracketing (the plugin calls these) --------------------------------
     def begin(self) -> None:
         self._t0 = time.perf_counter()

@@ -58,6 +58,7 @@ class TestRun:
     growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
     error: str = ""                       # memlab's own trouble
     said: list = field(default_factory=list)     # what a warning could not say (an error by the filter)
+    unjudged: list = field(default_factory=list)  # "device: why" of a marked device memlab could not measure
     armed: tuple | None = None            # the children's folder, while the test runs (ChildWatch.arm)
     watch: ChildWatch | None = None       # the session's, which armed it
     children: list = field(default_factory=list)  # ChildFigures of the processes it started
@@ -390,6 +391,7 @@ class TestRun:
             detail = ""
         result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,
+                            unjudged=self.unjudged,
                             processes=self.processes(),
                             out_of_memory=[e.as_dict() for e in self.explained])
         if self.measurement is None:

@@ -131,7 +131,7 @@ def _allocated(line) -> int:
     return line.allocated
 
 
-_TEST_LISTS = ("failed_by_memlab", "warned", "said", "processes", "out_of_memory")
+_TEST_LISTS = ("failed_by_memlab", "warned", "said", "processes", "out_of_memory", "unjudged")
 _DEVICE_LISTS = ("first_use_held", "sites", "site_changes", "top")
 
 
@@ -166,6 +166,7 @@ class TestResult:
     memlab_error: str = ""                                       # memlab's own trouble
     user_failed: bool = False                          # failed by its own doing, not by memlab
     said: list[str] = field(default_factory=list)      # findings whose warning the filter made an error
+    unjudged: list[str] = field(default_factory=list)  # "device: why" of a marker memlab could not judge
     processes: list[dict] = field(default_factory=list)  # its child processes (ChildFigures.as_dict())
     out_of_memory: list[dict] = field(default_factory=list)  # each out-of-memory it met (Explanation.as_dict())
 
@@ -231,6 +232,8 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
         add((PREFIX + "processes", json.dumps(result.processes, separators=(",", ":"))))
     if result.out_of_memory:
         add((PREFIX + "out_of_memory", json.dumps(result.out_of_memory, separators=(",", ":"))))
+    if result.unjudged:
+        add((PREFIX + "unjudged", json.dumps(result.unjudged)))
     return props
 
 
@@ -253,7 +256,7 @@ def decode(nodeid: str, props) -> TestResult | None:
             continue
         result = result or TestResult(nodeid)
         rest = name[len(PREFIX):]
-        if rest in ("failed_by_memlab", "warned", "said", "processes", "out_of_memory"):
+        if rest in _TEST_LISTS:
             setattr(result, rest, list(json.loads(value)))
             continue
         if rest == "memlab_error":

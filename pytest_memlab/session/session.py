@@ -21,6 +21,7 @@ from ..engine.backend import core
 from ..judging.baseline_file import (Baseline, BaselineError, environment_differences, environment_info,
                                      stale_entries, update)
 from ..judging.findings import Cache
+from ..sizes import plural
 from ..judging.messages import cache_report, leak_report
 from ..judging.verdicts import MemlabLeakWarning, sort_suspects
 from ..measuring.leak_search import HOLDER_SECONDS, first_use_held, parameter_roots
@@ -43,6 +44,7 @@ class MemlabSession:
         self._outcomes: dict[str, str] = {}
         self._made: dict[str, TestResult] = {}   # this process's own results, spared decoding
         self.backend = ""
+        self.built_note = ""                      # this process built the torch bridge: where, how long
         self._gpu_models: dict[str, str] = {}    # cuda:N -> its model, asked once
         self.other_gpus: set[tuple[str, str]] = set()   # (baseline's GPU, this run's) not compared
         self.trace_notes: set[str] = set()
@@ -120,6 +122,13 @@ class MemlabSession:
         first; a baseline's environment is named after it."""
         if not self.backend:
             self.backend = f"{core.name}: {core.reason}"
+            from ..engine.bridge_build import BUILT
+
+            if BUILT:   # this process compiled the bridge: once per torch, said once
+                self.built_note = (f"pytest-memlab: built the torch bridge for torch "
+                                   f"{core.torch.__version__} in {BUILT['seconds']:.1f} s: {BUILT['path']} "
+                                   "(later runs load it)")
+                self.notes.append(self.built_note)
         if self.baseline is not None and self.env is None:
             self.env = "cuda" if cuda_available(core) else "cpu"
 
@@ -232,8 +241,34 @@ class MemlabSession:
             except Exception as exc:   # the run's outcome stays the tests'
                 self.lines.append((f"pytest-memlab: the summary {self.options.summary} was not written: "
                                    f"{type(exc).__name__}: {exc}", True))
+        if self._unjudged() and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.write_failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _unjudged(self) -> bool:
+        """Marked tests memlab could not judge (no torch bridge): one
+        short line that says what is missing and the one thing to do;
+        whether the session fails for it (unless --memlab-accept-unjudged)."""
+        tests = [r for r in self.results.values() if r.unjudged]
+        if not tests:
+            return False
+        c = core()
+        why = c.reason or "the torch bridge is unavailable"
+        if "compiler" in why:
+            fix = ("install a C++ compiler (g++) or set CXX to one, or point MEMLAB_BRIDGE at a bridge built "
+                   "for this torch elsewhere")
+        elif "not importable" in why:
+            fix = "install torch in this environment"
+        else:
+            fix = "point MEMLAB_BRIDGE at a bridge built for this torch elsewhere"
+        accepted = self.options.accept_unjudged
+        self.lines.append((f"pytest-memlab: {plural(len(tests), 'marked test')} not judged: {why}. To judge "
+                           f"{'them' if len(tests) > 1 else 'it'}: {fix}. "
+                           + ("Accepted (--memlab-accept-unjudged)." if accepted
+                              else "The session fails for it (--memlab-accept-unjudged accepts this)."),
+                           not accepted))
+        return not accepted
 
     # -- leaks confirmed at the end -----------------------------------------------
     def _confirm_suspects(self, top: int, session) -> None:

@@ -22,6 +22,8 @@ class ControllerSide:
                 session.env = sent["env"]
             session.late.update(sent.get("late") or {})
             session.caches += sent.get("caches") or []
+            if sent.get("built") and sent["built"] not in session.notes:   # a worker built the bridge
+                session.notes.append(sent["built"])
 
     def environment(self) -> dict:
         """This run's environment: a worker's (a GPU worker's first), else

@@ -18,5 +18,5 @@ class WorkerSide:
             "collected": sorted(session.collected), "env": session.env, "info": session.own_environment(),
             "backend": session.backend,
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") if session.options.gpus_per_worker else None,
-            "late": session.late, "caches": session.caches,
+            "late": session.late, "caches": session.caches, "built": session.built_note,
         }
