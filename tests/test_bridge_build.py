@@ -40,8 +40,11 @@ def test_a_compile_error_is_reported_with_the_command(tmp_path, monkeypatch):
     import torch
 
     monkeypatch.setenv("CXX", "false")
-    with pytest.raises(bb.BridgeBuildError, match="compiling the torch bridge failed"):
+    with pytest.raises(bb.BridgeBuildError, match=r"the C\+\+ compiler 'false' failed \(exit 1\); its command and "
+                       r"output: .*\.log$") as info:
         bb.build(torch, tmp_path)
+    log = str(info.value).rsplit(": ", 1)[1]
+    assert open(log).read().startswith("false -O2 -std=c++17")   # the whole command, then its output
 
 
 def test_cuda_totals_without_cuda_fall_back_to_torch(core):

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 from .bridge import Bridge, MemlabCoreError
-from .bridge_build import BridgeBuildError, build, cache_dir, library_name, torch_facts
+from .bridge_build import BUILT, BridgeBuildError, build, cache_dir, library_name, torch_facts
 from .tracing import tracing
 
 BRIDGE = "bridge"
@@ -43,6 +43,7 @@ class Core:
         self.bridge = bridge
         self.torch = torch
         self.cuda_available: bool | None = None   # devices.cuda_available's answer, once asked
+        self.built: dict | None = None   # {path, seconds} where choosing it compiled the bridge (said once)
 
     def __repr__(self) -> str:
         return f"Core({self.name!r}, {self.reason!r})"
@@ -60,6 +61,7 @@ def _find_or_build_bridge(torch) -> Path:
     # (as a wheel built without torch does; the tests take that path)
     if prebuilt.is_file() and os.environ.get("MEMLAB_PREBUILT", "1") != "0":
         return prebuilt
+    BUILT.clear()
     return build(torch, cache_dir() / "bridge")
 
 
@@ -141,5 +143,8 @@ def _choose() -> Core:
         reason += (f"; the CPU heard through torch's memory reporter, on the threads a measurement runs on "
                    f"only (a thread pool's tensors go unheard, one freed on another thread looks kept): "
                    f"{bridge.cpu_allocator}")
-    return Core(BRIDGE, reason, bridge=bridge, torch=torch)
+    chosen = Core(BRIDGE, reason, bridge=bridge, torch=torch)
+    if BUILT.get("path") == str(bridge.path):   # compiled now, for this choice
+        chosen.built = dict(BUILT)
+    return chosen
 

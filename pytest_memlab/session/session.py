@@ -122,11 +122,10 @@ class MemlabSession:
         first; a baseline's environment is named after it."""
         if not self.backend:
             self.backend = f"{core.name}: {core.reason}"
-            from ..engine.bridge_build import BUILT
-
-            if BUILT:   # this process compiled the bridge: once per torch, said once
+            built, core.built = getattr(core, "built", None), None
+            if built:   # choosing the backend compiled the bridge: said once
                 self.built_note = (f"pytest-memlab: built the torch bridge for torch "
-                                   f"{core.torch.__version__} in {BUILT['seconds']:.1f} s: {BUILT['path']} "
+                                   f"{core.torch.__version__} in {built['seconds']:.1f} s: {built['path']} "
                                    "(later runs load it)")
                 self.notes.append(self.built_note)
         if self.baseline is not None and self.env is None:
