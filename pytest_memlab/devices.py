@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import os
 
-from .engine.backend import BRIDGE, COUNTERS
-
 CPU = "cpu"
+
+# The backends' names (engine/backend.py chooses one): the torch bridge
+# feeds the engine; torch.cuda's counters measure CUDA without it.
+BRIDGE = "bridge"
+COUNTERS = "counters"
+UNAVAILABLE = "unavailable"
 
 
 class DeviceError(ValueError):

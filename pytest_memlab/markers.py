@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import pytest
 
 from .devices import DeviceError, parse_device
-from .engine.tracing import PHASE_NAMES   # a phase's budget: the own peak while it ran
-from .measuring.memory_kinds import KIND_BUDGETS   # a kind's budget: its bytes at the own peak
+from .figures import KIND_BUDGETS   # a kind's budget: its bytes at the own peak
+from .figures import PHASE_NAMES   # a phase's budget: the own peak while it ran
 from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 
 MARKERS = {

@@ -19,13 +19,10 @@ import os
 import warnings
 from pathlib import Path
 
+from ..devices import BRIDGE, COUNTERS, UNAVAILABLE
 from .bridge import Bridge, MemlabCoreError
 from .bridge_build import BUILT, BridgeBuildError, build, cache_dir, library_name, torch_facts
 from .tracing import tracing
-
-BRIDGE = "bridge"
-COUNTERS = "counters"
-UNAVAILABLE = "unavailable"
 
 __all__ = ["BRIDGE", "COUNTERS", "UNAVAILABLE", "Core", "MemlabCoreError", "MemlabWarning", "core", "restore", "session_started", "unpark"]
 

@@ -15,6 +15,18 @@ from pathlib import Path
 
 from .. import _engine
 
+# Called with torch as CUDA initialises (its device allocators exist; its
+# flag is not set yet), after the tracker attaches: what a layer above needs
+# then registers itself here (measuring/out_of_memory.py: torch's
+# out-of-memory observer).  A hook must not raise; one that does is passed.
+CUDA_STARTED: list = []
+
+
+def on_cuda_start(hook) -> None:
+    """Registers hook(torch), called as CUDA initialises."""
+    if hook not in CUDA_STARTED:
+        CUDA_STARTED.append(hook)
+
 
 class MemlabCoreError(RuntimeError):
     """The measurement backend that was required is not available."""
@@ -224,12 +236,11 @@ class Bridge:
                     self.attach_tracker()
             except Exception as exc:  # pragma: no cover - the C side returns errors, not raises
                 self.tracker = f"{type(exc).__name__}: {exc}"
-            try:   # the out-of-memory observer needs the device allocators, made just now
-                from ..measuring.out_of_memory import Observer
-
-                Observer.attach(torch, starting=True)
-            except Exception:
-                pass
+            for hook in CUDA_STARTED:   # the out-of-memory observer needs the device allocators, made just now
+                try:
+                    hook(torch)
+                except Exception:
+                    pass
 
         try:
             lazy_call(attach)

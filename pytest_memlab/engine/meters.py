@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from .. import _engine as engine
 from ..devices import cuda_index
+from ..figures import PHASE_NAMES
 from .attribution import Attribution, LineStat
 from .backend import BRIDGE, COUNTERS, Core
 from .slots import slot_of
-from .tracing import PHASE_NAMES
 
 class Watch:
     """Leak suspects' addresses on one device, watched by the engine until
@@ -74,7 +74,7 @@ class DeviceFigures:
     kinds: dict | None = None
     kinds_note: str = ""
     phase_kinds: dict = field(default_factory=dict)   # phase name -> kinds at that phase's peak
-    kinds_pending: tuple | None = None   # what kinds are made of, until asked (memory_kinds.resolve)
+    kinds_pending: tuple | None = None   # how kinds are made, until asked (figures.resolve_kinds)
     kind_lives: tuple | None = None   # (memory_kinds.Blocks, the log's first event): the timeline's kinds
 
 

@@ -31,11 +31,8 @@ WINDOWED = sys.version_info < (3, 12)
 # Phase functions: the scope decision returns 1 + the kind for them (the
 # kinds are csrc/phases.h's, exported by the engine), and the tracer marks
 # their outermost call on the test's timeline.  No hook is registered with
-# torch: its state stays as it is.
+# torch: its state stays as it is.  Their names: figures.PHASE_NAMES.
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP = engine.PHASE_FORWARD, engine.PHASE_BACKWARD, engine.PHASE_STEP
-# Their names, in the kinds' order: the keys of each phase's peak and of a
-# marker's phase budgets (forward=, backward=, step=).
-PHASE_NAMES = ("forward", "backward", "step")
 # The path rule's verdict for user code: in scope, with no line events; each
 # frame's line is found when something is allocated under it (Python 3.12+,
 # csrc/shadow_stack.h; before, such code is traced line by line).  The

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..children.gathering import RANK_KEY, device_of
+from ..figures import RANK_KEY, device_of
 from ..reports import json_report
 from ..sizes import SizeError, Tolerance, format_size, parse_tolerance, plural
 from . import baseline_file

@@ -5,7 +5,8 @@ warning texts, diagnosis first.  The terminal summary is
 from __future__ import annotations
 
 from ..engine.attribution import Frame, SiteBytes, chain_of
-from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS, resolve
+from ..figures import KIND_BUDGETS, KIND_WORDS
+from ..figures import resolve_kinds as resolve
 from ..sizes import format_size, plural
 
 

@@ -17,12 +17,11 @@ import warnings
 
 import re
 
-from ..children.gathering import RANK_KEY, device_of
 from .findings import Cache, Change, Exceeded, Growth
 from ..sizes import format_size
 from .site_changes import site_changes, sites_at_peak
-from ..engine.tracing import PHASE_NAMES
-from ..measuring.memory_kinds import KIND_BUDGETS, KIND_WORDS, kinds_note, resolve
+from ..figures import KIND_BUDGETS, KIND_WORDS, PHASE_NAMES, RANK_KEY, device_of, kinds_note
+from ..figures import resolve_kinds as resolve
 from .messages import (baseline_failure, budget_failure, child_budget_failure, growth_report, leak_report,
                        phase_budget_failure, phase_regression, spread_failure)
 

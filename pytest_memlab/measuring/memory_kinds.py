@@ -29,17 +29,11 @@ import itertools
 import weakref
 
 from ..engine.slots import slot_of
-from ..engine.tracing import PHASE_NAMES
+# The kinds' names and words, and their resolving on first use, are the
+# figures' (a leaf the verdicts and reports read them from); known here too.
+from ..figures import KIND_WORDS, KINDS, PHASE_NAMES  # noqa: F401
+from ..figures import resolve_kinds as resolve  # noqa: F401
 
-KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
-# How they read in a sentence ("at the peak, by kind: activations 640.3 MiB ...")
-KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "gradient": "gradients",
-              "optimizer_state": "optimizer state", "input": "inputs", "activation": "activations",
-              "temporary": "temporaries", "other": "other"}
-# A marker's budget on one kind (cpu_memory(activations="1G")): key -> kind
-KIND_BUDGETS = {"parameters": "parameter", "buffers": "buffer", "gradients": "gradient",
-                "optimizer_state": "optimizer_state", "inputs": "input", "activations": "activation",
-                "temporaries": "temporary"}
 # A walk's finding wins over another's for the same block in this order
 # (a parameter is also in the optimizer's groups).
 _RANK = {"parameter": 0, "buffer": 1, "gradient": 2, "optimizer_state": 3, "input": 4}
@@ -211,26 +205,16 @@ def defer(figures, walk, slot: int, kept, entries: list, dropped: int, phases: l
     classification is Python over every event of the log, paid only where
     a failure, a report, a baseline or a kind's budget reads the kinds."""
     figures.kinds, figures.kinds_note, figures.phase_kinds = None, "", {}
-    figures.kinds_pending = (walk.error, slot, walk.marks, entries, dropped, phases, kept)
+    figures.kinds_pending = (_classify, (walk.error, slot, walk.marks, entries, dropped, phases, kept))
 
 
-def kinds_note(figures) -> str:
-    """Why figures have no kinds (after resolve): the classification's own
-    reason, or, where no walk began for them, that no phase ran."""
-    return figures.kinds_note or "no phase ran, or the tracer was off"
-
-
-def resolve(figures) -> dict | None:
+def _classify(figures, error, slot: int, marks, entries: list, dropped: int, phases: list, kept) -> None:
     """figures' bytes at the own peak by kind (and each phase's, and the
-    blocks for the timeline), made the first time they are asked for."""
-    pending = getattr(figures, "kinds_pending", None)
-    if pending is None:
-        return getattr(figures, "kinds", None)
-    figures.kinds_pending = None
-    error, slot, marks, entries, dropped, phases, kept = pending
+    blocks for the timeline), from what defer kept: run by
+    figures.resolve_kinds the first time the kinds are asked for."""
     if error:
         figures.kinds_note = f"the walk at a phase's boundary failed: {error}"
-        return None
+        return
     try:
         spans = phase_spans(phases, slot)
         blocks = Blocks(entries, kept.blocks, spans, marks, slot)
@@ -240,7 +224,6 @@ def resolve(figures) -> dict | None:
             figures.phase_kinds = kinds_at_phase_peaks(blocks, spans, figures.phase_peaks, PHASE_NAMES)
     except Exception as exc:  # memlab's trouble, never the test's
         figures.kinds, figures.kinds_note = None, f"{type(exc).__name__}: {exc}"
-    return figures.kinds
 
 
 def phase_spans(phases: list, slot: int) -> list[tuple[int, int, int]]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..devices import CPU
 from ..engine.attribution import Frame, SiteBytes, bytes_by_site, chain_of, frame_of
+from ..engine.bridge import on_cuda_start
 from ..engine import tracing as tracing_module
 from ..engine.tracing import tracing
 from ..sizes import format_size
@@ -199,6 +200,11 @@ class Observer:
         cls.attached = True
 
     @classmethod
+    def attach_as_cuda_starts(cls, torch) -> None:
+        """The bridge's hook as CUDA initialises (engine/bridge.py)."""
+        cls.attach(torch, starting=True)
+
+    @classmethod
     def _observed(cls, device, alloc, device_allocated, device_free) -> None:
         run = cls.run
         if run is None or run.measurement is None:
@@ -208,6 +214,9 @@ class Observer:
                                                  sys._getframe(1)))
         except Exception as exc:   # memlab's trouble, never the test's
             run.error = run.error or f"the out-of-memory figures were not taken: {type(exc).__name__}: {exc}"
+
+
+on_cuda_start(Observer.attach_as_cuda_starts)
 
 
 # -- whose it was -------------------------------------------------------------------

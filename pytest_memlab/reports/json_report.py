@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ..atomic_files import write_atomic
-from ..children.gathering import across
+from ..figures import across
 
 FORMAT = "pytest-memlab-report"
 VERSION = 2   # 2: a device's own peak budget is "max", as in the marker (1 said "budget")

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 
-from ..engine.tracing import PHASE_NAMES
+from ..figures import PHASE_NAMES
 
 _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": %d}'
 
@@ -100,8 +100,8 @@ class DeviceResult:
             result.peak_with_kept = figures.peak_with_kept
             result.kept = figures.kept
             result.phases = {name: peak for name, (peak, _) in figures.phase_peaks.items()}
-            if sites:   # a report or a baseline keeps them: made now (memory_kinds.resolve)
-                from ..measuring.memory_kinds import kinds_note, resolve
+            if sites:   # a report or a baseline keeps them: made now (figures.resolve_kinds)
+                from ..figures import kinds_note, resolve_kinds as resolve
 
                 if resolve(figures) is None:
                     result.kinds_note = kinds_note(figures)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import linecache
 import os
 
-from ..children.gathering import across, own_device
+from ..figures import across, own_device
 from ..sizes import format_size, plural
 from .backend_words import backend_words
 

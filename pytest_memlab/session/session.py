@@ -15,9 +15,10 @@ import warnings
 
 import pytest
 
-from ..children.gathering import ChildWatch, rank_entries
+from ..children.gathering import ChildWatch
 from ..devices import cuda_available
 from ..engine.backend import core
+from ..figures import rank_entries
 from ..judging.baseline_file import (Baseline, BaselineError, environment_differences, environment_info,
                                      stale_entries, update)
 from ..judging.findings import Cache
