@@ -169,3 +169,30 @@ def test_imports_go_down_the_layers():
             problems.append(f"pytest_memlab/{a}.py:{line} ({LAYERS[la][0]}) imports "
                             f"pytest_memlab/{b}.py ({LAYERS[lb][0]})")
     assert not problems, f"{len(problems)} imports against the layers:\n" + "\n".join(problems)
+
+
+def test_the_out_of_memory_observer_attaches_through_the_bridge_hook(monkeypatch):
+    """The engine offers a hook as CUDA initialises; the observer (a layer
+    above) registers itself there, as the bridge once imported it."""
+    import types
+
+    from pytest_memlab.engine import bridge
+    from pytest_memlab.measuring.out_of_memory import Observer
+
+    assert Observer.attach_as_cuda_starts in bridge.CUDA_STARTED
+    monkeypatch.setattr(Observer, "attached", False)
+    attached = []
+    torch = types.SimpleNamespace(
+        version=types.SimpleNamespace(cuda="12.4"),
+        cuda=types.SimpleNamespace(_lazy_call=lambda fn: fn(), is_initialized=lambda: False),
+        _C=types.SimpleNamespace(_cuda_attach_out_of_memory_observer=attached.append))
+    failing = []
+
+    def failing_hook(torch):
+        failing.append(torch)
+        raise RuntimeError("a hook's trouble stays its own")
+
+    monkeypatch.setattr(bridge, "CUDA_STARTED", [failing_hook, *bridge.CUDA_STARTED])
+    bridge.Bridge.attach_tracker_when_cuda_starts(types.SimpleNamespace(tracker="attached before"), torch)
+    assert failing == [torch]
+    assert attached == [Observer._observed] and Observer.attached
