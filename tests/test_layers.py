@@ -196,3 +196,14 @@ def test_the_out_of_memory_observer_attaches_through_the_bridge_hook(monkeypatch
     bridge.Bridge.attach_tracker_when_cuda_starts(types.SimpleNamespace(tracker="attached before"), torch)
     assert failing == [torch]
     assert attached == [Observer._observed] and Observer.attached
+
+
+def test_judging_and_reports_take_figures_not_the_engine():
+    """The verdicts and the reports read figures and words (figures.py, the
+    meters' DeviceFigures as given to them); of the engine they read only
+    sites turned into lines (engine/attribution.py)."""
+    edges = _edges(_modules())
+    reach = sorted({f"pytest_memlab/{a}.py:{line} imports {b}" for a, b, line in edges
+                    if a.startswith(("judging/", "reports/")) and b.startswith("engine/")
+                    and b != "engine/attribution"})
+    assert not reach, reach
