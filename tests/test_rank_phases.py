@@ -152,10 +152,17 @@ def test_a_spread_budget_names_both_ranks_with_what_each_held(inner, monkeypatch
         f"cpu spread between ranks * exceeds spread 1.0 MiB by *: rank 1 * on cpu, rank 0 * on cpu",
         "  rank 1 (pid *), own peak * on cpu, live at its peak by the line that allocated it (user call chain):",
         "*test_rank_train.py:* Net.forward: keep = torch.ones(extra * MiB // 4, requires_grad=True)",
+        "    at its peak, by kind: *",
         "  rank 0 (pid *), own peak * on cpu*",
+        "    at its peak, by kind: *",
         f"  exactly {peaks[1] - peaks[0]} B against {MiB} B",
     ])
     assert test["failed_by_memlab"] == ["cpu spread"]
+    # each rank's bytes by kind add up to its own peak; rank 1 kept its 2 MiB for the backward
+    for p in test["processes"]:
+        kinds = p["devices"]["cpu"]["kinds"]
+        assert sum(kinds.values()) == p["devices"]["cpu"]["peak"], (p["rank"], kinds)
+        assert kinds["parameter"] == (256 * 256 + 256) * 4, kinds
 
     monkeypatch.setenv("SPREAD", "64M")   # within the budget: passes
     result, test = run(inner)

@@ -61,6 +61,8 @@ class ChildFigures:
                                       "top": self.top.get(device, [])}
             if f.phase_peaks:
                 out["devices"][device]["phases"] = {name: peak for name, (peak, _) in f.phase_peaks.items()}
+            if f.kinds:
+                out["devices"][device]["kinds"] = dict(f.kinds)
         return out
 
 
@@ -231,6 +233,9 @@ def read_devices(child: ChildFigures, devices: dict) -> None:
         if isinstance(phases, dict):
             child.devices[device].phase_peaks = {str(name): (int(peak), 0) for name, peak in phases.items()
                                                  if isinstance(peak, int)}
+        kinds = d.get("kinds")
+        if isinstance(kinds, dict):
+            child.devices[device].kinds = {str(k): int(v) for k, v in kinds.items() if isinstance(v, int)}
         if isinstance(d.get("gpu_name"), str):
             child.gpu_names[device] = d["gpu_name"]
         child.top[device] = list(d.get("top") or [])

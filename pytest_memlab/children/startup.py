@@ -167,6 +167,7 @@ class ChildMeasurement:
         self.done = False
         self.out_of_memory: list = []   # out_of_memory.Moment of each request it could not get (CUDA)
         self.cpu_failed = 0             # the CPU's failed requests when it began
+        self.walk = None                # memory_kinds.KindWalk: the phase hook, where phases may run
 
     def begin(self) -> None:
         from ..engine.backend import core
@@ -185,6 +186,14 @@ class ChildMeasurement:
         self._write("running", {})
         self.measurement.begin()
         self.cpu_failed = cpu_failure_count(self.measurement)
+        # memory by kind at the process's peak (a rank's parameters,
+        # activations, optimizer state...): the phase hook, as a test's
+        followed = {d: m for d, m in self.measurement.meters.items() if getattr(m, "timeline", False)}
+        if self.measurement.trace and followed:
+            from ..measuring.memory_kinds import KindWalk
+
+            self.walk = KindWalk(followed)
+            tracing.phase_hook(self.walk)
         from ..engine.tracing import WINDOWED
 
         if WINDOWED and not self.forked:
@@ -241,11 +250,12 @@ class ChildMeasurement:
         except Exception as exc:
             self.error = f"its out-of-memory was not explained: {type(exc).__name__}: {exc}"
         try:
-            phases = self._phase_peaks()
+            kept = self._kept()
             figures = self.measurement.end()
-            for device, peaks in phases.items():
+            for device, k in kept.items():
                 if device in figures and figures[device].measured:
-                    figures[device].phase_peaks = peaks
+                    figures[device].phase_peaks = dict(k.phases)
+            self._kinds(figures, kept)
             for device, f in figures.items():
                 # The process's own peak on a GPU is its caching allocator's
                 # highest total where nothing predates the measurement (it
@@ -262,15 +272,35 @@ class ChildMeasurement:
             self.error = f"{type(exc).__name__}: {exc}"
         self._write("done", devices, explained)
 
-    def _phase_peaks(self) -> dict:
-        """device -> each phase's own peak in this process ({name: (bytes,
-        site)}), from the engine's timeline of its scope, before it closes."""
+    def _kept(self) -> dict:
+        """device -> meters.Kept of this process's scope, before it closes:
+        each phase's own peak ({name: (bytes, site)}), and what the kinds
+        are told against."""
         out = {}
         for device, meter in self.measurement.meters.items():
             kept = meter.kept() if getattr(meter, "timeline", False) else None
-            if kept is not None and kept.phases:
-                out[device] = dict(kept.phases)
+            if kept is not None:
+                out[device] = kept
         return out
+
+    def _kinds(self, figures: dict, kept: dict) -> None:
+        """Each device's bytes by kind at the process's own peak, where a
+        phase ran (as a test's: measuring/memory_kinds.py)."""
+        walk, self.walk = self.walk, None
+        if walk is None:
+            return
+        from ..engine.tracing import tracing
+        from ..measuring.memory_kinds import defer, resolve
+
+        tracing.phase_hook(None)
+        if not walk.started:
+            return
+        phases = tracing.phases()
+        for device, meter in self.measurement.meters.items():
+            f = figures.get(device)
+            if meter.slot in walk.started and f is not None and f.measured and device in kept:
+                defer(f, walk, meter.slot, kept[device], *meter.take_alloc_log(), phases)
+                resolve(f)
 
     def _write(self, state: str, devices: dict, out_of_memory: list = ()) -> None:
         inherited = self.config.get("parent_rank")
@@ -303,6 +333,8 @@ def devices_record(figures: dict, top: int) -> dict:
         }
         if f.phase_peaks:   # each phase's own peak: a rank's forward, backward and step
             devices[device]["phases"] = {name: peak for name, (peak, _) in f.phase_peaks.items()}
+        if f.kinds:         # by kind at its own peak, where a phase ran
+            devices[device]["kinds"] = dict(f.kinds)
         if device.startswith("cuda"):   # its model: a baseline of another GPU kind is not compared
             name = _gpu_name(device)
             if name:

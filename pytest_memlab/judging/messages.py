@@ -241,6 +241,10 @@ def spread_failure(kind: str, spread: int, budget: int, high, low) -> str:
                      + (", live at its peak by the line that allocated it (user call chain):" if at_peak else ""))
         lines += _site_lines([SiteBytes(int(x.get("bytes", 0)), [_frame(c) for c in x.get("chain") or ()])
                               for x in at_peak], peak, len(at_peak))
+        kinds = getattr(child.devices[device], "kinds", None)
+        if kinds:   # where a phase ran in it: what its peak was made of
+            lines += [line.replace("  at its peak", "    at its peak", 1)
+                      for line in kinds_lines(None, kinds, "its peak")]
     lines.append(f"  exactly {spread} B against {budget} B")
     return "\n".join(lines)
 
