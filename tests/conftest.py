@@ -26,6 +26,39 @@ def pytest_addoption(parser):
 MiB = 2**20
 
 
+def pytest_configure(config):
+    # xdist's own marker, declared where xdist is not installed too
+    config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker "
+                            "(ci/test: --dist loadgroup)")
+
+
+def _measured_durations() -> dict:
+    """ci/test-durations.txt: each slow test's measured seconds, by node id."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ci", "test-durations.txt")
+    durations = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.strip() and not line.startswith("#"):
+                    seconds, nodeid = line.split(None, 1)
+                    durations[nodeid.strip()] = float(seconds)
+    except (OSError, ValueError):
+        return {}
+    return durations
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the slowest tests (as measured: ci/test-durations.txt)
+    first, so that no long test is left to run alone at the end; the others
+    keep their order.  A serial run keeps pytest's order (a module-scoped
+    fixture is then set up once)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    durations = _measured_durations()
+    if durations:
+        items.sort(key=lambda item: -durations.get(item.nodeid, 0.0))
+
+
 def has_torch() -> bool:
     try:
         import torch  # noqa: F401

@@ -82,6 +82,12 @@ def measured_tests(junit: Path) -> tuple[set[str], set[str]]:
     return ran, measured
 
 
+# The tests that compare with the unmeasured run share it (a module-scoped
+# fixture, 40 s): under xdist they go to one worker together (ci/test runs
+# --dist loadgroup), so that it runs once.
+ZOO_GROUP = pytest.mark.xdist_group("zoo-unmeasured")
+
+
 @pytest.fixture(scope="module")
 def unmeasured(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("zoo")
@@ -89,6 +95,7 @@ def unmeasured(tmp_path_factory):
     return results
 
 
+@ZOO_GROUP
 def test_the_zoo_does_what_it_says_unmeasured(unmeasured):
     outcomes = {nodeid: r["outcome"] for nodeid, r in unmeasured.items()}
     for nodeid, expected in DELIBERATE.items():
@@ -99,6 +106,7 @@ def test_the_zoo_does_what_it_says_unmeasured(unmeasured):
     assert len(outcomes) >= 45
 
 
+@ZOO_GROUP
 @pytest.mark.parametrize("mode", ["--memlab", "markers"])
 def test_measuring_changes_no_outcome_and_no_result(unmeasured, tmp_path, mode):
     junit = tmp_path / "junit.xml"
@@ -153,6 +161,7 @@ def test_next_to_other_plugins_memlab_changes_nothing(tmp_path, plugin):
         assert on["test_zoo_control_flow.py::test_fails_on_its_own"].get("reruns") == 1
 
 
+@ZOO_GROUP
 @pytest.mark.skipif(not has_cuda(), reason="needs CUDA")
 def test_cuda_zoo_with_expandable_segments(unmeasured, tmp_path):
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "MEMLAB_CORE": "bridge"}
