@@ -12,6 +12,12 @@ from __future__ import annotations
 # backward=, step=).
 PHASE_NAMES = ("forward", "backward", "step")
 
+
+def phase_bytes(phase_peaks: dict) -> dict:
+    """Each phase's own peak as the reports, the baseline and a child's
+    record keep it ({name: bytes}), from the figures' {name: (bytes, site)}."""
+    return {name: peak for name, (peak, _) in phase_peaks.items()}
+
 # -- memory by kind (measuring/memory_kinds.py classifies) --------------------------
 KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
 # How they read in a sentence ("at the peak, by kind: activations 640.3 MiB ...")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from ..engine.meters import DeviceFigures
+from ..figures import phase_bytes
 from . import startup, startup_hook
 from .startup import ENV, FORMAT
 
@@ -60,7 +61,7 @@ class ChildFigures:
             out["devices"][device] = {"peak": f.peak, "peak_total": f.peak_total, "live": f.live,
                                       "top": self.top.get(device, [])}
             if f.phase_peaks:
-                out["devices"][device]["phases"] = {name: peak for name, (peak, _) in f.phase_peaks.items()}
+                out["devices"][device]["phases"] = phase_bytes(f.phase_peaks)
             if f.kinds:
                 out["devices"][device]["kinds"] = dict(f.kinds)
         return out

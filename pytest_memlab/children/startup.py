@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+from ..figures import phase_bytes
+
 ENV = "MEMLAB_CHILD"
 FORMAT = 1   # the figures file's format
 
@@ -332,7 +334,7 @@ def devices_record(figures: dict, top: int) -> dict:
             "at_peak": at_peak,
         }
         if f.phase_peaks:   # each phase's own peak: a rank's forward, backward and step
-            devices[device]["phases"] = {name: peak for name, (peak, _) in f.phase_peaks.items()}
+            devices[device]["phases"] = phase_bytes(f.phase_peaks)
         if f.kinds:         # by kind at its own peak, where a phase ran
             devices[device]["kinds"] = dict(f.kinds)
         if device.startswith("cuda"):   # its model: a baseline of another GPU kind is not compared

@@ -362,9 +362,8 @@ class Verdicts:
         for spec, device in run.devices:
             if device in measurement.unmeasured:
                 continue
-            other_gpu = self.session.other_gpu(device)
-            if other_gpu:   # a baseline of another GPU kind: never a false regression
-                run.not_compared[device] = other_gpu
+            if self.session.other_gpu(device):   # a baseline of another GPU kind: never a false regression
+                run.not_compared.add(device)
                 continue
             entry = baseline.entry(self.session.env, run.nodeid, run.names.get(device, device))
             if entry is None or entry.get("peak") is None:
@@ -428,7 +427,7 @@ class Verdicts:
                 if entry is None or entry.get("peak") is None or figures is None or figures.peak is None:
                     continue
                 if self.session.other_gpu(figures.device, child.gpu_names.get(figures.device)):
-                    run.not_compared.setdefault(device, "a rank on another GPU kind")
+                    run.not_compared.add(device)
                     continue
                 tolerance = spec.tolerance or options.tolerance
                 change = compare(figures.device, entry["peak"], figures.peak, tolerance, options.baseline, child.label)

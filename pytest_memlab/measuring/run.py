@@ -52,7 +52,7 @@ class TestRun:
     user_failed: bool = False            # setup, call or teardown failed by the test's own doing
     names: dict = field(default_factory=dict)     # concrete device -> name as asked ("cuda", "cpu")
     changes: dict = field(default_factory=dict)   # device -> findings.Change
-    not_compared: dict = field(default_factory=dict)   # device -> why the baseline was not compared (another GPU)
+    not_compared: set = field(default_factory=set)   # devices not compared: the baseline is another GPU kind's
     repeating: bool = False
     judged: bool = False                  # anything to judge before teardown: budgets, notes, a baseline
     growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 
-from ..figures import PHASE_NAMES
+from ..figures import PHASE_NAMES, phase_bytes
 
 _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": %d}'
 
@@ -99,7 +99,7 @@ class DeviceResult:
             result.leaked = figures.live
             result.peak_with_kept = figures.peak_with_kept
             result.kept = figures.kept
-            result.phases = {name: peak for name, (peak, _) in figures.phase_peaks.items()}
+            result.phases = phase_bytes(figures.phase_peaks)
             if sites:   # a report or a baseline keeps them: made now (figures.resolve_kinds)
                 from ..figures import kinds_note, resolve_kinds as resolve
 

@@ -223,8 +223,8 @@ def summary(results: dict, backend: str, notes: set[str], table: bool, verbosity
                     "(allocated over the test, not held at once):", True))
     for r, d in heaviest:
         kept = f"; {format_size(d.kept)} kept past teardown, not in it" if d.kept else ""
-        name = cut_nodeid(r.nodeid, WIDTH - len(f" ({d.device}, own peak {format_size(d.peak)}{kept})"))
-        out.append((f"{name} ({d.device}, own peak {format_size(d.peak)}{kept})", False))
+        said = f" ({d.device}, own peak {format_size(d.peak)}{kept})"
+        out.append((cut_nodeid(r.nodeid, WIDTH - len(said)) + said, False))
         for t in d.top[:top]:
             out.append((_end_cut(f"  {format_size(t['bytes']):>10} allocated by {t['file']}:{t['line']} "
                                  f"{t['function']}{_source(t, rootdir)}", WIDTH), False))

@@ -22,7 +22,6 @@ from ..figures import rank_entries
 from ..judging.baseline_file import (Baseline, BaselineError, environment_differences, environment_info,
                                      stale_entries, update)
 from ..judging.findings import Cache
-from ..sizes import plural
 from ..judging.messages import cache_report, leak_report
 from ..judging.verdicts import MemlabLeakWarning, sort_suspects
 from ..measuring.leak_search import HOLDER_SECONDS, first_use_held, parameter_roots
@@ -31,6 +30,7 @@ from ..options import FILE_REPORTS
 from ..reports import dashboards, html_report, json_report, pr_summary
 from ..reports.results import TestResult, compact, decode
 from ..reports.terminal import baseline_summary, summary
+from ..sizes import plural
 from .gpu_pinning import plan_gpus
 from .ranks import RankSide, default_folder, rank_environment
 from .xdist_controller import ControllerSide
@@ -47,7 +47,6 @@ class MemlabSession:
         self.backend = ""
         self.built_note = ""                      # this process built the torch bridge: where, how long
         self._gpu_models: dict[str, str] = {}    # cuda:N -> its model, asked once
-        self.other_gpus: set[tuple[str, str]] = set()   # (baseline's GPU, this run's) not compared
         self.trace_notes: set[str] = set()
         self.notes: list[str] = []
         self.collected: set[str] = set()
@@ -132,31 +131,29 @@ class MemlabSession:
         if self.baseline is not None and self.env is None:
             self.env = "cuda" if cuda_available(core) else "cpu"
 
-    def other_gpu(self, device: str, model: str | None = None) -> str:
-        """Why device's figures are not compared with the baseline: it was
-        written on another GPU kind (its environment's device), where this
-        process's device (or a rank's: model) is known; "" otherwise (the
-        CPU, the same kind, or nothing known)."""
+    def other_gpu(self, device: str, model: str | None = None) -> bool:
+        """Whether device's figures must not be compared with the baseline:
+        it was written on another GPU kind (its environment's device), where
+        this process's device (or a rank's: model) is known.  False for the
+        CPU, the same kind, or nothing known (the summary names both kinds,
+        from the environments)."""
         if not device.startswith("cuda") or self.baseline is None:
-            return ""
+            return False
         old = self.baseline.environments.get(self.env or self.options.baseline_env or "")
         written = old.info.get("device") if old is not None else None
         if not written or written == "cpu":
-            return ""
+            return False
         if model is None:
             model = self._gpu_models.get(device)
             if model is None:
                 torch = sys.modules.get("torch")
                 if torch is None or not torch.cuda.is_initialized():
-                    return ""   # never initialised here to ask: compared, as before
+                    return False   # never initialised here to ask: compared, as before
                 try:
                     model = self._gpu_models[device] = torch.cuda.get_device_name(int(device.split(":")[1]))
                 except Exception:
-                    return ""
-        if model == written:
-            return ""
-        self.other_gpus.add((written, model))
-        return f"the baseline was written on {written}, this test ran on {model}"
+                    return False
+        return model != written
 
     def made(self, result: TestResult) -> None:
         """A result this process made (it comes back with the teardown report)."""
