@@ -126,6 +126,18 @@ def positive_int(value: str) -> int:
     return n
 
 
+def capacity(value: str) -> int:
+    from .sizes import SizeError, parse_size
+
+    try:
+        n = parse_size(value)
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a capacity must be more than 0 bytes")
+    return n
+
+
 def leak_policy(value: str) -> str:
     value = value.strip().lower()
     if value not in LEAK_POLICIES:
@@ -300,6 +312,18 @@ def add_options(parser) -> None:
              "set before CUDA starts; write --memlab-gpus-per-worker=N (ini: memlab_gpus_per_worker)",
     )
     group.addoption(
+        "--memlab-pack", action="store_true", default=None,
+        help="under pytest-xdist (-n N), start a test only while the running tests' footprints (their "
+             "peaks in the baseline) fit the device's capacity; a test without a figure runs alone, one that "
+             "runs out of memory beside others is re-run alone at the end (ini: memlab_pack)",
+    )
+    group.addoption(
+        "--memlab-pack-capacity", type=capacity, default=None, metavar="SIZE",
+        help="what --memlab-pack fills on each device: default each GPU's free memory at the start less "
+             "5%% and each worker's CUDA context; the CPU has none of its own, so CPU tests are packed "
+             "only with a SIZE given (ini: memlab_pack_capacity)",
+    )
+    group.addoption(
         "--memlab-summary", default=None, metavar="PATH",
         help="append a Markdown summary of the run (memlab's failures, the baseline's largest changes, "
              "leaks, caches) to PATH; default $GITHUB_STEP_SUMMARY where set; 'off' writes none "
@@ -312,6 +336,8 @@ def add_options(parser) -> None:
     parser.addini("memlab_fail_on_improvement", default="false", help="as --memlab-fail-on-improvement")
     parser.addini("memlab_baseline_env", default="", help="as --memlab-baseline-env")
     parser.addini("memlab_gpus_per_worker", default="", help="as --memlab-gpus-per-worker (a number)")
+    parser.addini("memlab_pack", default="false", help="as --memlab-pack")
+    parser.addini("memlab_pack_capacity", default="", help="as --memlab-pack-capacity (a size)")
     parser.addini("memlab", default="false", help="measure every test, marked or not")
     parser.addini("memlab_leak_repeat", default="0", help="as --memlab-leak-repeat")
     parser.addini("memlab_leaks", default="warn", help="as --memlab-leaks")
@@ -405,6 +431,8 @@ class Options:
     fail_on_improvement: bool = False
     baseline_env: str | None = None
     gpus_per_worker: int | None = None
+    pack: bool = False               # --memlab-pack (session/packing.py)
+    pack_capacity: int | None = None
     snapshot: Path | None = None
     details: str = "flagged"
     children: bool = True
@@ -497,6 +525,15 @@ class Options:
                 gpus = positive_int(config.getini("memlab_gpus_per_worker").strip())
             except argparse.ArgumentTypeError as exc:
                 raise pytest.UsageError(f"ini memlab_gpus_per_worker: {exc}") from None
+        pack_capacity = config.getoption("memlab_pack_capacity")
+        if pack_capacity is None and config.getini("memlab_pack_capacity").strip():
+            try:
+                pack_capacity = capacity(config.getini("memlab_pack_capacity").strip())
+            except argparse.ArgumentTypeError as exc:
+                raise pytest.UsageError(f"ini memlab_pack_capacity: {exc}") from None
+        pack = _flag(config, "memlab_pack")
+        if pack_capacity is not None and not pack:
+            raise pytest.UsageError("--memlab-pack-capacity is what --memlab-pack fills: add --memlab-pack")
         for kind in ("json", "html"):
             path = config.getoption(f"memlab_{kind}")
             if path is None and config.getini(f"memlab_{kind}").strip():
@@ -545,10 +582,12 @@ class Options:
             fail_on_improvement=_flag(config, "memlab_fail_on_improvement"),
             baseline_env=env,
             gpus_per_worker=gpus,
+            pack=pack,
+            pack_capacity=pack_capacity,
             leaks=leaks,
             leak_repeat=leak_repeat,
             report=report,
-            measure_all=_flag(config, "memlab") or bool(report) or baseline is not None
+            measure_all=_flag(config, "memlab") or bool(report) or baseline is not None or pack
             or snapshot is not None,
             require_cuda=_flag(config, "memlab_require_cuda"),
             accept_unjudged=_flag(config, "memlab_accept_unjudged"),

@@ -28,6 +28,8 @@ from .measuring.run import TestRun
 from .options import Options, add_options
 from .reports.results import encode
 from .session.gpu_pinning import pin_this_worker
+from .session.packing import (PackScheduling, out_of_memory_words, release_cached_gpu_memory,
+                              set_aside_for_rerun)
 from .session.session import MemlabSession
 
 __all__ = ["MemlabLeakWarning", "MemlabPlugin", "SPECS", "memlab"]
@@ -191,6 +193,13 @@ class MemlabPlugin:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
         report = yield
+        if self.options.pack and self.session.worker is not None:
+            if report.failed and call.when in ("setup", "call"):   # the controller may re-run it alone
+                words = out_of_memory_words(call.excinfo)
+                if words:
+                    report.memlab_out_of_memory = words
+            if call.when == "teardown":
+                release_cached_gpu_memory()
         run = self.running(item)
         if run is None:
             return report
@@ -231,8 +240,31 @@ class MemlabPlugin:
         return report
 
     # -- the session ----------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)   # a packed test's first failure is set aside before others see it
     def pytest_runtest_logreport(self, report):
+        if self.session.packing is not None:
+            set_aside_for_rerun(self.session.packing, report)
         self.session.record(report)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report, config):
+        if getattr(report, "memlab_rerun", None) and report.outcome == "rerun":
+            return "rerun", "R", ("RERUN", {"yellow": True})
+        return None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config, log):
+        """pytest-xdist, on the controller: --memlab-pack's scheduler."""
+        plan = self.session.pack_plan
+        if plan is None:
+            return None
+        try:
+            self.session.packing = PackScheduling(config, plan, log, kept=self.session.kept_bytes)
+        except Exception as exc:   # memlab's trouble: the run goes on under xdist's own scheduler
+            self.session.notes.append(f"--memlab-pack: not packed ({type(exc).__name__}: {exc}); "
+                                      "pytest-xdist scheduled the tests")
+            return None
+        return self.session.packing
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):

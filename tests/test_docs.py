@@ -204,8 +204,16 @@ def argv(command: str) -> tuple[list[str], dict]:
     return words, env
 
 
+_RUN: dict[str, dict[str, tuple[str, pathlib.Path]]] = {}   # a scenario run once a process
+
+
 def run_scenario(name: str, where: pathlib.Path) -> dict[str, tuple[str, pathlib.Path]]:
-    """Each step's output (stdout and stderr), after the steps before it."""
+    """Each step's output (stdout and stderr), after the steps before it.
+    Run once a process (the README's test and the pages' share the demo's
+    run: both are in xdist group "scenario-demo"); where is the first
+    caller's folder."""
+    if name in _RUN:
+        return _RUN[name]
     import torch
 
     if not torch.__version__.startswith(DOCS_TORCH):
@@ -218,6 +226,7 @@ def run_scenario(name: str, where: pathlib.Path) -> dict[str, tuple[str, pathlib
         words, env = argv(command)
         proc = subprocess.run(words, cwd=folder, env=clean_env(**env), capture_output=True, text=True, timeout=600)
         outputs[step] = (proc.stdout + proc.stderr, folder)
+    _RUN[name] = outputs
     return outputs
 
 
@@ -275,7 +284,8 @@ def test_every_scenario_is_shown_somewhere():
 
 
 @requires_torch
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xdist_group("scenario-demo"))
+                                  if name == "demo" else name for name in sorted(SCENARIOS)])
 def test_the_pages_show_what_the_code_prints(name, tmp_path):
     outputs = run_scenario(name, tmp_path)
     problems = []

@@ -6,6 +6,8 @@ README's markers, the same way)."""
 
 import pathlib
 
+import pytest
+
 from conftest import requires_torch
 from test_docs import ROOT, blocks, find, normalized, run_scenario
 
@@ -27,6 +29,7 @@ def test_the_readme_is_a_front_page():
 
 
 @requires_torch
+@pytest.mark.xdist_group("scenario-demo")   # shares the pages' run of the demo (test_docs.run_scenario)
 def test_the_readme_shows_what_the_demo_prints(tmp_path):
     quoted = _demo_blocks()
     assert len(quoted) >= 2, "the README quotes the demo's budget failure and its table"

@@ -88,7 +88,7 @@ def measured_tests(junit: Path) -> tuple[set[str], set[str]]:
 ZOO_GROUP = pytest.mark.xdist_group("zoo-unmeasured")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # not "module": ci/test's order (slowest first) interleaves modules
 def unmeasured(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("zoo")
     _, results = run_zoo(tmp, "unmeasured", "-p", "no:memlab", "-p", "no:randomly")

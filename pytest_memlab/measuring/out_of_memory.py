@@ -55,6 +55,13 @@ class Moment:
 
 
 # -- what failed ------------------------------------------------------------------
+def _cuda_started(torch) -> bool:
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
 def failed_request(exc: BaseException) -> tuple[str, int | None] | None:
     """(device, requested bytes or None) when exc is torch's out-of-memory
     error, else None."""
@@ -65,6 +72,8 @@ def failed_request(exc: BaseException) -> tuple[str, int | None] | None:
     text = str(exc)
     if oom is not None and isinstance(exc, oom):
         m = _CUDA_DEVICE.search(text)
+        if m is None and not _cuda_started(torch):   # another device's (or a test's own): no CUDA to explain
+            return None
         r = _CUDA_REQUEST.search(text)
         request = int(float(r.group(1)) * _UNITS[r.group(2)]) if r else None   # rounded: the observer's is exact
         return f"cuda:{m.group(1) if m else 0}", request

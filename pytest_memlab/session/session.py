@@ -32,6 +32,7 @@ from ..reports.results import TestResult, compact, decode
 from ..reports.terminal import baseline_summary, summary
 from ..sizes import plural
 from .gpu_pinning import plan_gpus
+from .packing import PackPlan, PackScheduling, make_plan, remember_footprints
 from .ranks import RankSide, default_folder, rank_environment
 from .xdist_controller import ControllerSide
 from .xdist_worker import WorkerSide
@@ -67,6 +68,26 @@ class MemlabSession:
             note = plan_gpus(config, options.gpus_per_worker)
             if note:
                 self.notes.append(note)
+        self.pack_plan: PackPlan | None = None     # --memlab-pack, on the controller
+        self.packing: PackScheduling | None = None  # its scheduler, once xdist asked for one
+        if options.pack and self.controller is not None:
+            workers = config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None)
+            if not workers:
+                self.notes.append("--memlab-pack works under pytest-xdist (-n N) only; this run has no "
+                                  "workers: its tests ran one after another")
+            elif getattr(config.option, "dist", "load") == "each":
+                self.notes.append("--memlab-pack: --dist each runs every test on every worker; not packed")
+            else:
+                self.pack_plan = make_plan(config, options, self.baseline)
+
+    def kept_bytes(self, nodeid: str, kind: str) -> int:
+        """What a finished test kept past its teardown on devices of kind
+        (its result, decoded from its teardown report): what its worker
+        keeps holding between tests."""
+        result = self.results.get(nodeid)
+        if result is None:
+            return 0
+        return sum(d.kept or 0 for name, d in result.devices.items() if name.split(":", 1)[0] == kind)
 
     def _ranks(self, config, options) -> RankSide | None:
         """Under torchrun (RANK and WORLD_SIZE set, several ranks): this
@@ -213,6 +234,13 @@ class MemlabSession:
             self.worker.finish()
             return
         self._apply_late()
+        if self.packing is not None:
+            workers = len(self.controller.workers) if self.controller is not None else 0
+            self.notes += self.packing.summary(workers or self.packing.numnodes)
+            try:
+                remember_footprints(self.config, self.pack_plan.kind, self.results)
+            except Exception as exc:   # pytest's cache unwritable: said, never the session's end
+                self.notes.append(f"--memlab-pack: the footprints were not kept for the next run: {exc}")
         if self.baseline is not None:
             try:
                 self._finish_baseline()

@@ -1,0 +1,498 @@
+"""--memlab-pack: pytest-xdist's tests packed by their measured memory.
+
+A scheduler for pytest-xdist (``pytest_xdist_make_scheduler``) that lets a
+test start on a worker only while what would then be held on that worker's
+device fits the device's capacity: every running test's footprint (its own
+peak plus its first use, from the baseline) plus what each worker keeps
+between tests (the bytes its earlier tests kept past their teardown).
+
+How a test starts.  An xdist worker runs the test at the head of its queue
+only once another test (or the shutdown) is queued behind it: pytest needs
+the next item to know which fixtures to tear down.  So a worker here holds
+at most two: the test it runs and the one it runs next, and the one it runs
+next starts at the moment the scheduler queues a third (or sends the
+shutdown).  The memory gate is applied at that moment, to the test that is
+about to start; a test whose start would overfill the device waits.
+
+A test without a figure in the baseline starts only on an empty device
+(alone), and its figure is measured for the next run.  A test that runs
+out of memory while another test ran beside it on its device is re-run at
+the end, alone: the controller turns that first failure into a ``rerun``
+report before any other plugin sees it (the worker says which failures
+were out of memory), and the re-run's outcome stands.  One worker, the
+last, is kept for the re-runs: it starts its last test only when no other
+worker runs one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from ..sizes import format_size
+
+# What a GPU's default capacity leaves free: the card's free memory when the
+# session starts, less this share of it, less each worker's CUDA context.
+MARGIN_SHARE = 0.05
+CONTEXT_BYTES = 600 * 2**20   # a CUDA context with cuBLAS's workspace, as this project measured on H100/H200
+
+
+def gpu_free_memory() -> dict[str, int]:
+    """Each visible GPU's free bytes, asked of nvidia-smi (the controller
+    runs no test, and a CUDA context here would take memory from the card);
+    {} where there is no nvidia-smi or no GPU."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {}
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    free = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            free[parts[0]] = int(parts[1]) * 2**20
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        names = [g.strip() for g in visible.split(",") if g.strip()]
+        free = {g: free[g] for g in names if g in free}
+    return free
+
+
+def footprints(tests: dict, kind: str) -> dict[str, int]:
+    """Each test's footprint on devices of kind ("cpu" or "cuda") from a
+    baseline lane's entries: its own peak plus its first use (what it
+    holds at once, counting what it fills into caches), and on a GPU at
+    least its reserved peak; the largest of its devices of that kind."""
+    out = {}
+    for nodeid, devices in tests.items():
+        best = None
+        for key, entry in devices.items():
+            device = key.split("@", 1)[0]
+            if device.split(":", 1)[0] != kind or not isinstance(entry, dict) or entry.get("peak") is None:
+                continue
+            held = int(entry["peak"]) + int(entry.get("first_use") or 0)
+            if kind == "cuda" and entry.get("reserved_peak"):
+                held = max(held, int(entry["reserved_peak"]))
+            best = held if best is None else max(best, held)
+        if best is not None:
+            out[nodeid] = best
+    return out
+
+
+@dataclass
+class PackPlan:
+    """What the scheduler packs by: the device kind, each device's
+    capacity, each test's footprint, and which device a worker uses."""
+
+    kind: str                                    # "cpu" or "cuda"
+    capacity: dict[str, int]                     # device -> bytes ("cpu", or a GPU's index)
+    footprint: dict[str, int]                    # nodeid -> bytes
+    context: int = 0                             # what a worker holds on its device before any test
+    worker_devices: dict[str, str] = field(default_factory=dict)   # "gw0" -> device, where pinned
+
+    def device_of(self, worker: str) -> str:
+        if self.kind == "cpu":
+            return "cpu"
+        return self.worker_devices.get(worker) or next(iter(self.capacity))
+
+
+@dataclass
+class PackStats:
+    started: float = field(default_factory=time.monotonic)
+    first_send: float | None = None
+    last_done: float | None = None
+    first_ready: float | None = None
+    waits: int = 0                  # times a test that was next could not start for want of room
+    waited: set = field(default_factory=set)
+    alone: int = 0                  # tests without a figure, run alone
+    test_time: float = 0.0          # the tests' own durations, summed
+    tests: int = 0
+    planned_peak: dict = field(default_factory=dict)   # device -> the most planned in use at once
+    reruns: list = field(default_factory=list)          # (nodeid, why)
+
+
+class PackScheduling:
+    """pytest-xdist's scheduler interface (as its LoadScheduling): nodes,
+    collection_is_completed, tests_finished, has_pending, add_node,
+    add_node_collection, mark_test_complete, mark_test_pending,
+    remove_pending_tests_from_node, remove_node, schedule."""
+
+    def __init__(self, config, plan: PackPlan, log=None, kept=None):
+        from xdist.remote import Producer
+        from xdist.workermanage import parse_tx_spec_config
+
+        self.numnodes = len(parse_tx_spec_config(config))
+        self.plan = plan
+        self.log = log.packsched if log is not None else Producer("packsched", enabled=False)
+        self.kept = kept or (lambda nodeid, device: 0)   # bytes a finished test kept on a device
+        self.node2collection: dict = {}
+        self.node2pending: dict = {}                  # node -> [running (or next), next]
+        self.started: dict = {}                       # node -> index of the test it runs now
+        self.resident: dict = {}                      # node -> bytes its finished tests kept
+        self.pending: list[int] = []
+        self.alone_at_end: list[int] = []             # re-runs, each alone, on the last worker
+        self.rerun: set[int] = set()                  # tests re-run (their first failure set aside)
+        self.beside: set[int] = set()                 # tests that ran while another ran on their device
+        self.set_aside: dict[str, str] = {}           # re-run tests whose first attempt's teardown is to come
+        self.collection: list[str] | None = None
+        self.stats = PackStats()
+
+    # -- xdist's interface ----------------------------------------------------
+    @property
+    def nodes(self) -> list:
+        return list(self.node2pending)
+
+    @property
+    def collection_is_completed(self) -> bool:
+        return len(self.node2collection) >= self.numnodes
+
+    @property
+    def tests_finished(self) -> bool:
+        if not self.collection_is_completed or self.pending or self.alone_at_end:
+            return False
+        return not any(self.node2pending.values())
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.pending or self.alone_at_end or any(self.node2pending.values()))
+
+    def add_node(self, node) -> None:
+        assert node not in self.node2pending
+        self.node2pending[node] = []
+        self.resident[node] = 0
+        if self.stats.first_ready is None:
+            self.stats.first_ready = time.monotonic()
+
+    def add_node_collection(self, node, collection) -> None:
+        assert node in self.node2pending
+        if self.collection_is_completed and self.collection is not None and list(collection) != self.collection:
+            self.log(f"{node.gateway.id} collected other tests than the first worker; it gets none")
+            return
+        self.node2collection[node] = list(collection)
+
+    def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+        pending = self.node2pending[node]
+        pending.remove(item_index)
+        if self.started.get(node) == item_index:
+            del self.started[node]
+        self.stats.tests += 1
+        self.stats.test_time += duration
+        self.stats.last_done = time.monotonic()
+        assert self.collection is not None
+        self.resident[node] += max(0, self.kept(self.collection[item_index], self.plan.kind))
+        self._fill()
+
+    def mark_test_pending(self, item: str) -> None:
+        assert self.collection is not None
+        self.pending.insert(0, self.collection.index(item))
+        self._fill()
+
+    def remove_pending_tests_from_node(self, node, indices) -> None:
+        raise NotImplementedError()
+
+    def remove_node(self, node) -> str | None:
+        pending = self.node2pending.pop(node)
+        self.started.pop(node, None)
+        self.resident.pop(node, None)
+        if not pending:
+            self._fill()
+            return None
+        assert self.collection is not None
+        crashed = self.collection[pending.pop(0)]
+        self.pending[:0] = pending
+        self._fill()
+        return crashed
+
+    def schedule(self) -> None:
+        assert self.collection_is_completed
+        if self.collection is None:
+            collections = list(self.node2collection.values())
+            if any(c != collections[0] for c in collections[1:]):
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection = collections[0]
+            self.pending[:] = range(len(self.collection))
+        self._fill()
+
+    # -- what memlab adds -----------------------------------------------------
+    def ran_beside_others(self, nodeid: str) -> bool:
+        assert self.collection is not None
+        return nodeid in self.collection and self.collection.index(nodeid) in self.beside
+
+    def rerun_alone(self, nodeid: str, why: str) -> bool:
+        """A test that ran out of memory beside others: run it again at the
+        end, alone.  False where it cannot be (it ran alone, or it was a
+        re-run already): its failure stands."""
+        if self.collection is None or nodeid not in self.collection:
+            return False
+        index = self.collection.index(nodeid)
+        if index not in self.beside or index in self.rerun:
+            return False
+        self.rerun.add(index)
+        self.alone_at_end.append(index)
+        self.stats.reruns.append((nodeid, why))
+        return True
+
+    def footprint(self, index: int) -> int | None:
+        assert self.collection is not None
+        if index in self.rerun:
+            return None   # a re-run runs alone
+        return self.plan.footprint.get(self.collection[index])
+
+    def _running_on(self, device: str, leave_out=None) -> list:
+        return [n for n in self.started if n is not leave_out and self.plan.device_of(n.gateway.id) == device]
+
+    def _in_use(self, device: str, leave_out=None) -> int:
+        """The bytes planned in use on device: each worker's context and
+        what it keeps, and the footprint of the test it runs (a test
+        without a figure: the whole device)."""
+        used = 0
+        for node in self.node2pending:
+            if node is leave_out or self.plan.device_of(node.gateway.id) != device:
+                continue
+            used += self.plan.context + self.resident.get(node, 0)
+            if node in self.started:
+                need = self.footprint(self.started[node])
+                used += self.plan.capacity[device] if need is None else need
+        return used
+
+    def _fits(self, node, index: int) -> bool:
+        """Whether index may start on node now.  A test starts on an idle
+        device whatever its footprint (alone, it has the whole card)."""
+        device = self.plan.device_of(node.gateway.id)
+        if not self._running_on(device, leave_out=node):
+            return True
+        need = self.footprint(index)
+        if need is None:
+            return False
+        mine = self.plan.context + self.resident.get(node, 0) + need
+        return self._in_use(device, leave_out=node) + mine <= self.plan.capacity[device]
+
+    def _next_for(self, node) -> int | None:
+        """The test node runs after its current one: the first pending test
+        (in collection order, which keeps a module's tests together) that
+        would fit beside what runs now; else the first pending."""
+        if not self.pending:
+            return None
+        for k, index in enumerate(self.pending[:64]):
+            if self.footprint(index) is not None and self._fits(node, index):
+                return self.pending.pop(k)
+        return self.pending.pop(0)
+
+    def _send(self, node, index: int) -> None:
+        self.node2pending[node].append(index)
+        node.send_runtest_some([index])
+        if self.stats.first_send is None:
+            self.stats.first_send = time.monotonic()
+
+    def _live(self) -> list:
+        return [n for n in self.node2pending if not n.shutting_down]
+
+    def _start(self, node) -> None:
+        """The node's queued test starts: queue its next (a pending test, a
+        re-run on the last worker), or shut the node down."""
+        index = self.node2pending[node][0]
+        device = self.plan.device_of(node.gateway.id)
+        beside = self._running_on(device, leave_out=node)
+        if beside:
+            self.beside.add(index)
+            self.beside.update(self.started[n] for n in beside)
+        self.started[node] = index
+        if self.footprint(index) is None and index not in self.rerun:
+            self.stats.alone += 1
+        follow = self.pending.pop(0) if self.pending else None
+        if follow is None and self.alone_at_end and self._live() == [node]:
+            follow = self.alone_at_end.pop(0)
+        if follow is not None:
+            self._send(node, follow)
+        else:
+            node.shutdown()
+        used = self._in_use(device)
+        if used > self.stats.planned_peak.get(device, 0):
+            self.stats.planned_peak[device] = used
+
+    def _fill(self) -> None:
+        """Every idle node gets the test it runs next (so that the tests
+        spread over the workers), then what fits starts.  With nothing left
+        to hand out, the last live node waits until no other runs a test (a
+        test that runs out of memory beside others is re-run there, alone)."""
+        if self.collection is None:
+            return
+        progress = True
+        while progress:
+            progress = False
+            for node, queue in self.node2pending.items():
+                if node.shutting_down or node in self.started or queue:
+                    continue
+                index = self._next_for(node)
+                if index is None and self._live() == [node] and not self.started and self.alone_at_end:
+                    index = self.alone_at_end.pop(0)
+                if index is not None:
+                    self._send(node, index)
+                elif not self.pending and not self.alone_at_end and (len(self._live()) > 1 or not self.started):
+                    node.shutdown()
+            for node, queue in self.node2pending.items():
+                if node.shutting_down or node in self.started or not queue:
+                    continue
+                if not self.pending and self._live() == [node] and self.started:
+                    continue   # the last worker: kept for the re-runs until the others are done
+                if self._fits(node, queue[0]):
+                    self._start(node)
+                    progress = True
+                elif queue[0] not in self.stats.waited:
+                    self.stats.waited.add(queue[0])
+                    self.stats.waits += 1
+
+    # -- the summary ----------------------------------------------------------
+    def summary(self, workers: int) -> list[str]:
+        s, plan = self.stats, self.plan
+        capacity = ", ".join(f"{format_size(c)}" + ("" if d == "cpu" else f" on GPU {d}")
+                             for d, c in plan.capacity.items())
+        peak = ", ".join(format_size(v) + ("" if d == "cpu" else f" on GPU {d}")
+                         for d, v in sorted(s.planned_peak.items())) or "0 B"
+        lines = [f"pytest-memlab pack ({plan.kind}, capacity {capacity}): {s.tests} test runs on "
+                 f"{workers} workers; at most {peak} in use at once by the baseline's figures; "
+                 f"{s.waits} waited for room, {s.alone} ran alone (no figure in the baseline)"]
+        if s.first_send is not None and s.last_done is not None:
+            wall = s.last_done - s.first_send
+            ratio = f" ({wall / s.test_time:.2f}x)" if s.test_time > 0 else ""
+            lines.append(f"  wall {wall:.1f} s from the first test to the last, against {s.test_time:.1f} s "
+                         f"of the tests' own time one after another{ratio}")
+            start = (s.first_ready - s.started) if s.first_ready is not None else None
+            mean = s.test_time / s.tests if s.tests else 0.0
+            if start is not None and s.tests and mean < start:
+                lines.append(f"  packing cannot pay here: a test takes {mean:.2f} s on average, less than a "
+                             f"worker's start ({start:.1f} s); run these tests without -n")
+        for nodeid, why in s.reruns:
+            lines.append(f"  re-run alone at the end: {nodeid} ran out of memory beside other tests ({why}); "
+                         "the re-run's outcome stands")
+        return lines
+
+
+CACHE_KEY = "memlab/pack-footprints"   # pytest's cache: footprints measured by runs, for tests not in the baseline
+
+
+def make_plan(config, options, baseline) -> PackPlan:
+    """The controller's plan, made when the session starts.  Raises
+    pytest.UsageError where there is nothing to pack by."""
+    import pytest
+
+    free = gpu_free_memory()
+    lanes = baseline.environments if baseline is not None else {}
+    env = options.baseline_env or (next(iter(lanes)) if len(lanes) == 1 else ("cuda" if free else "cpu"))
+    tests = lanes[env].tests if env in lanes else {}
+    on_gpu = bool(free) and (not tests or any(key.startswith("cuda") for d in tests.values() for key in d))
+    kind = "cuda" if on_gpu else "cpu"
+    footprint = footprints(tests, kind)
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        measured = cache.get(f"{CACHE_KEY}/{kind}", {})
+        if isinstance(measured, dict):
+            for nodeid, n in measured.items():
+                if isinstance(n, int) and n >= 0:
+                    footprint[nodeid] = max(n, footprint.get(nodeid, 0))
+    if kind == "cpu":
+        if options.pack_capacity is None:
+            raise pytest.UsageError(
+                "--memlab-pack: no GPU here, and the CPU has no capacity of its own to pack by: "
+                "give one with --memlab-pack-capacity=SIZE (for example 8GiB)")
+        return PackPlan("cpu", {"cpu": options.pack_capacity}, footprint)
+    if options.pack_capacity is not None:
+        cap = {gpu: options.pack_capacity for gpu in free}
+    else:
+        cap = {gpu: int(n * (1 - MARGIN_SHARE)) for gpu, n in free.items()}
+    workers = {}
+    plan = os.environ.get("PYTEST_MEMLAB_WORKER_GPUS")   # --memlab-gpus-per-worker's (gpu_pinning.py)
+    count = int(getattr(config.option, "numprocesses", 0) or 0)
+    if plan:
+        import json
+
+        try:
+            data = json.loads(plan)
+            gpus, per = data["gpus"], int(data["per"])
+            workers = {f"gw{i}": gpus[(i * per) % len(gpus)] for i in range(count)}
+        except (ValueError, KeyError, TypeError, ZeroDivisionError):
+            workers = {}
+    return PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES, worker_devices=workers)
+
+
+def remember_footprints(config, kind: str, results: dict) -> None:
+    """Each measured test's footprint on devices of kind, kept in pytest's
+    cache for the next packed run (a test the baseline does not have)."""
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        return
+    key = f"{CACHE_KEY}/{kind}"
+    known = cache.get(key, {})
+    if not isinstance(known, dict):
+        known = {}
+    for nodeid, result in results.items():
+        held = None
+        for name, device in result.devices.items():
+            if name.split(":", 1)[0] != kind or not device.measured or device.peak is None:
+                continue
+            n = device.peak + (device.first_use or 0)
+            if kind == "cuda" and device.reserved_peak:
+                n = max(n, device.reserved_peak)
+            held = n if held is None else max(held, n)
+        if held is not None:
+            known[nodeid] = held
+    cache.set(key, known)
+
+
+def out_of_memory_words(excinfo) -> str | None:
+    """A failure's exception, in a few words, where it is an out-of-memory:
+    torch's OutOfMemoryError (CUDA's, or another device's), or the CPU
+    allocator's "can't allocate memory"."""
+    if excinfo is None:
+        return None
+    exc = excinfo.value
+    names = {c.__name__ for c in type(exc).__mro__}
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "OutOfMemoryError" in names or (isinstance(exc, RuntimeError) and (
+            "out of memory" in text.lower() or "can't allocate memory" in text.lower())):
+        return f"{type(exc).__name__}: {text[:120]}"
+    return None
+
+
+def set_aside_for_rerun(packing: PackScheduling, report) -> None:
+    """On the controller, before any other plugin sees the report: a test
+    that ran out of memory beside others (its worker said so) is re-run
+    alone at the end, and this attempt's reports become ``rerun``: its
+    failure neither counts nor shows as one; the re-run's outcome stands.
+    A test that ran out of memory alone, or on its re-run, fails as it is."""
+    nodeid = report.nodeid
+    if report.when in ("setup", "call"):
+        words = getattr(report, "memlab_out_of_memory", None)
+        if report.failed and words and packing.rerun_alone(nodeid, words):
+            report.outcome = "rerun"
+            report.memlab_rerun = words
+            packing.set_aside[nodeid] = words
+    elif report.when == "teardown" and nodeid in packing.set_aside:
+        words = packing.set_aside.pop(nodeid)
+        report.memlab_rerun = words
+        # --junitxml keeps a testcase for this attempt: it says it was set aside
+        report.user_properties.append(("memlab.rerun", f"set aside, re-run alone at the end: {words}"))
+        if report.failed:   # the attempt's teardown (a budget it broke): the re-run judges again
+            report.outcome = "rerun"
+
+
+def release_cached_gpu_memory() -> None:
+    """On a packed worker, after each test: the caching allocator's free
+    blocks go back to the driver, so that what the worker holds between
+    tests is what its tests kept (the scheduler's figure), not what they
+    once reserved.  Nothing where CUDA never started."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:   # never the test's trouble
+        pass

@@ -1,0 +1,187 @@
+"""--memlab-pack: pytest-xdist's tests packed by their measured memory.
+
+On CPU tensors with a capacity given (as CI tests it without a GPU): each
+inner test writes when it held its memory, so that what ran at once is
+read from the tests themselves, not from the scheduler."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from conftest import requires_torch
+
+pytestmark = [requires_torch, pytest.importorskip("xdist") and pytest.mark.xdist_group("packing")]
+
+MiB = 2**20
+
+# three tests holding 3 MiB and three holding 6 MiB, each for 1 s; each writes
+# (name, MiB, start, end) into held/ when it ends
+SUITE = """
+import json, os, time
+import pytest, torch
+
+MiB = 2**20
+
+
+def hold(name, mib, seconds=1.0):
+    start = time.time()
+    x = torch.ones(mib * MiB, dtype=torch.uint8)
+    time.sleep(seconds)
+    end = time.time()
+    os.makedirs("held", exist_ok=True)
+    with open(f"held/{name}.json", "w") as f:
+        json.dump([name, mib, start, end], f)
+    del x
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_small(i):
+    hold(f"small{i}", 3)
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_big(i):
+    hold(f"big{i}", 6)
+"""
+
+
+def held(path) -> list:
+    return [json.loads(p.read_text()) for p in sorted((path / "held").glob("*.json"))]
+
+
+def overlapping(spans) -> set:
+    """The pairs of tests (by their MiB) that held their memory at once
+    for at least a tenth of a second."""
+    pairs = set()
+    for i, (a, ma, sa, ea) in enumerate(spans):
+        for b, mb, sb, eb in spans[i + 1:]:
+            if min(ea, eb) - max(sa, sb) > 0.1:
+                pairs.add(tuple(sorted((ma, mb))))
+    return pairs
+
+
+def write_baseline(inner):
+    inner.makepyfile(test_held=SUITE)
+    result = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline")
+    result.assert_outcomes(passed=6)
+    tests = json.loads((inner.path / "bl.json").read_text())["tests"]
+    assert tests["test_held.py::test_big[0]"]["cpu"]["peak"] >= 6 * MiB
+    for p in (inner.path / "held").glob("*.json"):
+        p.unlink()
+
+
+def test_packed_tests_never_overfill_the_capacity(inner):
+    write_baseline(inner)
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB",
+                                        "--memlab-baseline=bl.json")
+    result.assert_outcomes(passed=6)
+    spans = held(inner.path)
+    assert len(spans) == 6
+    pairs = overlapping(spans)
+    assert (6, 6) not in pairs, spans        # two 6 MiB tests never at once: 12 MiB > 10 MiB
+    assert (3, 6) in pairs and (3, 3) in pairs, spans   # 9 MiB and 6 MiB fit, and ran together
+    out = result.stdout.str()
+    line = next(x for x in out.splitlines() if x.startswith("pytest-memlab pack"))
+    assert line.startswith("pytest-memlab pack (cpu, capacity 10.0 MiB): 6 test runs on 2 workers; at most ")
+    planned = re.search(r"at most ([\d.]+) MiB in use at once", line)
+    assert planned and 6.0 <= float(planned.group(1)) <= 10.0, line
+    assert "0 ran alone" in line
+    assert re.search(r"wall [\d.]+ s from the first test to the last, against [\d.]+ s of the tests' own time", out)
+
+
+def test_a_test_without_a_figure_runs_alone(inner):
+    write_baseline(inner)
+    inner.makepyfile(test_new="""
+from test_held import hold
+
+def test_new_and_unmeasured():
+    hold("new", 1)
+""")
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB",
+                                        "--memlab-baseline=bl.json", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=7)
+    spans = held(inner.path)
+    new = next(s for s in spans if s[0] == "new")
+    beside = [s[0] for s in spans if s is not new and min(s[3], new[3]) - max(s[2], new[2]) > 0.05]
+    assert beside == [], spans
+    assert "1 ran alone (no figure in the baseline)" in result.stdout.str()
+
+
+# Each test "runs on a card" of 8 MiB: it says it is out of memory when the
+# tests registered as running beside it hold more than that together.
+CARD = """
+import os, time, uuid
+import pytest, torch
+
+MiB = 2**20
+CARD = 8
+
+
+def on_the_card(mib, seconds=1.0):
+    os.makedirs("card", exist_ok=True)
+    me = f"card/{uuid.uuid4().hex}-{mib}"
+    open(me, "w").close()
+    try:
+        x = torch.ones(mib * MiB, dtype=torch.uint8)
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            held = sum(int(n.rsplit("-", 1)[1]) for n in os.listdir("card"))
+            if held > CARD:
+                raise torch.OutOfMemoryError(f"out of memory: {held} MiB on a card of {CARD} (simulated)")
+            time.sleep(0.05)
+        del x
+    finally:
+        os.unlink(me)
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_fills_the_card(i):
+    on_the_card(6)
+
+
+def test_too_big_for_the_card():
+    raise torch.OutOfMemoryError("out of memory: 20 MiB on a card of 8 (simulated)")
+"""
+
+
+def test_out_of_memory_beside_others_is_run_again_alone(inner):
+    inner.makepyfile(test_card=CARD)
+    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
+                                         "-k", "fills")
+    written.assert_outcomes(passed=2, deselected=1)
+    # a capacity too large for the simulated card: the two 6 MiB tests start together
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=64MiB",
+                                        "--memlab-baseline=bl.json", "-rA", "--junitxml=j.xml")
+    out = result.stdout.str()
+    # the two that filled the card pass when run again alone; the one too big fails as it is
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("failed"), result.ret) == (2, 1, 1), out
+    assert outcomes.get("rerun", 0) >= 1, out
+    assert "re-run alone at the end: test_card.py::test_fills_the_card[" in out
+    assert "the re-run's outcome stands" in out
+    assert "FAILED test_card.py::test_too_big_for_the_card" in out
+    junit = (inner.path / "j.xml").read_text()
+    # the set-aside attempt keeps its testcase, marked; the re-run has its own
+    reruns = outcomes["rerun"]
+    assert junit.count("<testcase ") == 3 + reruns and junit.count("<failure") == 1
+    assert junit.count('name="memlab.rerun" value="set aside, re-run alone at the end: OutOfMemoryError') == reruns
+
+
+def test_bad_input_is_named(inner):
+    inner.makepyfile(test_one="def test_one():\n    pass\n")
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=lots")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*argument --memlab-pack-capacity: 'lots' is not a size*"])
+    result = inner.runpytest_subprocess("--memlab-pack-capacity=1GiB")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--memlab-pack-capacity is what --memlab-pack fills: add --memlab-pack*"])
+    if shutil.which("nvidia-smi") is None:   # no GPU: the CPU needs a capacity
+        result = inner.runpytest_subprocess("-n", "2", "--memlab-pack")
+        assert result.ret == 4
+        result.stderr.fnmatch_lines(["*--memlab-pack: no GPU here, and the CPU has no capacity of its own "
+                                     "to pack by: give one with --memlab-pack-capacity=SIZE*"])
+    result = inner.runpytest_subprocess("--memlab-pack")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*--memlab-pack works under pytest-xdist (-n N) only; this run has no workers*"])
