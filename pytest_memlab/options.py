@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from .judging.verdicts import DEFAULT_TOLERANCE, LEAK_POLICIES
-from .sizes import SizeError, Tolerance, parse_tolerance
+from .sizes import SizeError, Tolerance, parse_size, parse_tolerance
 
 # The reports written to a file: kind -> what the user reads it as.
 FILE_REPORTS = {"json": "JSON", "html": "HTML", "bmf": "Bencher (BMF)", "gab": "github-action-benchmark"}
@@ -127,8 +127,6 @@ def positive_int(value: str) -> int:
 
 
 def capacity(value: str) -> int:
-    from .sizes import SizeError, parse_size
-
     try:
         n = parse_size(value)
     except SizeError as exc:
@@ -361,6 +359,22 @@ def _option(config, name: str, ini: str):
     return config.getini(ini) if value is None else value
 
 
+def _option_or_ini(config, name: str, parse):
+    """An option with no default, else its ini twin (same name) parsed;
+    None where neither is set.  An ini value that does not parse is a
+    usage error naming the key."""
+    value = config.getoption(name)
+    text = str(config.getini(name)).strip()
+    if value is not None or not text:
+        return value
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as exc:
+        import pytest
+
+        raise pytest.UsageError(f"ini {name}: {exc}") from None
+
+
 _TRUE = ("1", "true", "yes", "y", "on", "t")
 _FALSE = ("0", "false", "no", "n", "off", "f", "")
 
@@ -513,24 +527,9 @@ class Options:
                 tol = tolerance(tol)
             except argparse.ArgumentTypeError as exc:
                 raise pytest.UsageError(f"ini memlab_tolerance: {exc}") from None
-        env = config.getoption("memlab_baseline_env")
-        if env is None and config.getini("memlab_baseline_env").strip():
-            try:
-                env = env_name(config.getini("memlab_baseline_env"))
-            except argparse.ArgumentTypeError as exc:
-                raise pytest.UsageError(f"ini memlab_baseline_env: {exc}") from None
-        gpus = config.getoption("memlab_gpus_per_worker")
-        if gpus is None and config.getini("memlab_gpus_per_worker").strip():
-            try:
-                gpus = positive_int(config.getini("memlab_gpus_per_worker").strip())
-            except argparse.ArgumentTypeError as exc:
-                raise pytest.UsageError(f"ini memlab_gpus_per_worker: {exc}") from None
-        pack_capacity = config.getoption("memlab_pack_capacity")
-        if pack_capacity is None and config.getini("memlab_pack_capacity").strip():
-            try:
-                pack_capacity = capacity(config.getini("memlab_pack_capacity").strip())
-            except argparse.ArgumentTypeError as exc:
-                raise pytest.UsageError(f"ini memlab_pack_capacity: {exc}") from None
+        env = _option_or_ini(config, "memlab_baseline_env", env_name)
+        gpus = _option_or_ini(config, "memlab_gpus_per_worker", positive_int)
+        pack_capacity = _option_or_ini(config, "memlab_pack_capacity", capacity)
         pack = _flag(config, "memlab_pack")
         if pack_capacity is not None and not pack:
             raise pytest.UsageError("--memlab-pack-capacity is what --memlab-pack fills: add --memlab-pack")

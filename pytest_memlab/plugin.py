@@ -24,12 +24,12 @@ from .judging.verdicts import MemlabLeakWarning, Verdicts
 from .markers import BAD_MARKER, MARKERS, SPECS, bad_markers, stash_specs
 from .measuring.measurement import Measurement
 from .measuring.out_of_memory import Observer as OutOfMemory
+from .measuring.out_of_memory import out_of_memory_words
 from .measuring.run import TestRun
 from .options import Options, add_options
 from .reports.results import encode
 from .session.gpu_pinning import pin_this_worker
-from .session.packing import (PackScheduling, out_of_memory_words, release_cached_gpu_memory,
-                              set_aside_for_rerun)
+from .session.packing import PackScheduling, release_cached_gpu_memory, set_aside_for_rerun
 from .session.session import MemlabSession
 
 __all__ = ["MemlabLeakWarning", "MemlabPlugin", "SPECS", "memlab"]
@@ -195,7 +195,7 @@ class MemlabPlugin:
         report = yield
         if self.options.pack and self.session.worker is not None:
             if report.failed and call.when in ("setup", "call"):   # the controller may re-run it alone
-                words = out_of_memory_words(call.excinfo)
+                words = out_of_memory_words(call.excinfo.value if call.excinfo else None)
                 if words:
                     report.memlab_out_of_memory = words
             if call.when == "teardown":

@@ -1,6 +1,7 @@
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -125,6 +126,30 @@ def pytester(pytester, monkeypatch):
 
         monkeypatch.setattr(pytester, "inline_run", quiet_inline_run)
     return pytester
+
+
+@pytest.fixture(scope="session")
+def made_once(tmp_path_factory):
+    """made_once(key, folder, names, make): the files names in folder, made
+    by make() (which writes them into folder) the first time key is asked
+    for in this process, and copied from where they were kept after that.
+    For runs that several tests read and none changes (an xdist group keeps
+    those tests on one worker): ci/test runs the slowest tests first, which
+    interleaves modules, so a module-scoped fixture would be made again."""
+    kept = tmp_path_factory.mktemp("made-once")
+
+    def made(key: str, folder, names, make) -> None:
+        store = kept / key
+        if store.is_dir():
+            for name in names:
+                shutil.copyfile(store / name, folder / name)
+            return
+        make()
+        store.mkdir()
+        for name in names:
+            shutil.copyfile(folder / name, store / name)
+
+    return made
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ text and as Markdown; lanes; files from before sites; bad input."""
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 
@@ -86,16 +85,8 @@ SUMMARY = "pytest-memlab compare: 1 regressed, 1 improved, 1 unchanged, 1 new, 2
 REPORT_SUMMARY = "pytest-memlab compare: 1 regressed, 1 improved, 1 unchanged, 1 new, 1 gone"
 
 
-@pytest.fixture(scope="session")
-def compare_runs_kept(tmp_path_factory):
-    """Where the first test that needs the two runs keeps their files, so
-    that the other tests (on the same xdist worker) copy them, not run them
-    again (two runs, 4 s)."""
-    return tmp_path_factory.mktemp("compare-runs")
-
-
 @pytest.fixture
-def runs(inner, monkeypatch, compare_runs_kept):
+def runs(inner, monkeypatch, made_once):
     """old.json (a baseline) from the old run; new.json (a baseline) and
     r.json (its JSON report) from the new one, in the cpu lane (also on a
     machine with CUDA); --memlab measures the unmarked test_steady.  In
@@ -103,20 +94,17 @@ def runs(inner, monkeypatch, compare_runs_kept):
     cache too (a list's element: a leak).  Run once a session, each test
     given its own copy of the files."""
     inner.makepyfile(test_suite=SUITE)
-    made = ("old.json", "new.json", "r.json")
-    if all((compare_runs_kept / name).exists() for name in made):
-        for name in made:
-            shutil.copyfile(compare_runs_kept / name, inner.path / name)
+
+    def make():
+        monkeypatch.setenv("PHASE", "old")
+        inner.runpytest_subprocess("--memlab", "--memlab-baseline=old.json", "--memlab-update-baseline",
+                                   "--memlab-baseline-env=cpu").assert_outcomes(passed=5)
         monkeypatch.setenv("PHASE", "new")
-        return inner
-    monkeypatch.setenv("PHASE", "old")
-    inner.runpytest_subprocess("--memlab", "--memlab-baseline=old.json", "--memlab-update-baseline",
-                               "--memlab-baseline-env=cpu").assert_outcomes(passed=5)
+        inner.runpytest_subprocess("--memlab", "--memlab-baseline=new.json", "--memlab-update-baseline",
+                                   "--memlab-baseline-env=cpu", "--memlab-json=r.json").assert_outcomes(passed=4, failed=1)
+
+    made_once("compare-runs", inner.path, ("old.json", "new.json", "r.json"), make)
     monkeypatch.setenv("PHASE", "new")
-    inner.runpytest_subprocess("--memlab", "--memlab-baseline=new.json", "--memlab-update-baseline",
-                               "--memlab-baseline-env=cpu", "--memlab-json=r.json").assert_outcomes(passed=4, failed=1)
-    for name in made:
-        shutil.copyfile(inner.path / name, compare_runs_kept / name)
     return inner
 
 

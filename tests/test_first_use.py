@@ -8,7 +8,6 @@ fails and names that line first.  Real torch allocations on the CPU."""
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -120,12 +119,6 @@ def _has_randomly():
 RANDOMLY = pytest.mark.skipif(not _has_randomly(), reason="needs pytest-randomly")
 
 
-@pytest.fixture(scope="session")
-def serial_baseline(tmp_path_factory):
-    """Where the orders' shared baseline is kept once written."""
-    return tmp_path_factory.mktemp("first-use") / "bl.json"
-
-
 @pytest.mark.xdist_group("first-use-orders")   # one worker writes the baseline once
 @pytest.mark.parametrize("order", [
     ["-p", "no:randomly"],                                   # reversed (MEMLAB_TEST_REVERSE)
@@ -135,15 +128,12 @@ def serial_baseline(tmp_path_factory):
     ["-p", "no:randomly", "-n", "2"],
     ["-p", "no:randomly", "-k", "grows or constant or both"],   # a subset
 ])
-def test_a_baseline_written_in_one_order_compares_clean_in_another(suite, monkeypatch, order, serial_baseline):
-    # the baseline, written serially in file order: once a session, each order given its copy
-    if serial_baseline.exists():
-        shutil.copyfile(serial_baseline, suite.path / "bl.json")
-    else:
-        write = suite.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
-                                           "-p", "no:randomly")
-        write.assert_outcomes(passed=7)
-        shutil.copyfile(suite.path / "bl.json", serial_baseline)
+def test_a_baseline_written_in_one_order_compares_clean_in_another(suite, monkeypatch, order, made_once):
+    def write():   # serially in file order: once a session, each order given its copy
+        suite.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
+                                   "-p", "no:randomly").assert_outcomes(passed=7)
+
+    made_once("first-use-baseline", suite.path, ("bl.json",), write)
     baseline = json.loads(suite.path.joinpath("bl.json").read_text())
     entry = baseline["tests"]["test_suite.py::test_uses_the_table[0]"]["cpu"]
     assert entry["peak"] == 2 * MiB and entry["first_use"] == 6 * MiB

@@ -13,7 +13,7 @@ import pytest
 from conftest import requires_torch
 
 pytest.importorskip("xdist")
-# one worker writes the serial baseline once (serial_baseline) for the tests that share it
+# one worker writes the serial baseline once (made_once) for the tests that share it
 pytestmark = [requires_torch, pytest.mark.xdist_group("packing")]
 
 MiB = 2**20
@@ -64,29 +64,23 @@ def overlapping(spans) -> set:
     return pairs
 
 
-@pytest.fixture(scope="session")
-def serial_baseline(tmp_path_factory):
-    """Where the suite's baseline, written serially once a session (6 s of
-    holding), is kept for the tests here."""
-    return tmp_path_factory.mktemp("packing") / "bl.json"
-
-
-def write_baseline(inner, serial_baseline):
+def write_baseline(inner, made_once):
+    """The suite's baseline, written serially (6 s of holding): once a session."""
     inner.makepyfile(test_held=SUITE)
-    if serial_baseline.exists():
-        shutil.copyfile(serial_baseline, inner.path / "bl.json")
-        return
-    result = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline")
-    result.assert_outcomes(passed=6)
-    tests = json.loads((inner.path / "bl.json").read_text())["tests"]
-    assert tests["test_held.py::test_big[0]"]["cpu"]["peak"] >= 6 * MiB
-    for p in (inner.path / "held").glob("*.json"):
-        p.unlink()
-    shutil.copyfile(inner.path / "bl.json", serial_baseline)
+
+    def write():
+        result = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline")
+        result.assert_outcomes(passed=6)
+        tests = json.loads((inner.path / "bl.json").read_text())["tests"]
+        assert tests["test_held.py::test_big[0]"]["cpu"]["peak"] >= 6 * MiB
+        for p in (inner.path / "held").glob("*.json"):
+            p.unlink()
+
+    made_once("packing-baseline", inner.path, ("bl.json",), write)
 
 
-def test_packed_tests_never_overfill_the_capacity(inner, serial_baseline):
-    write_baseline(inner, serial_baseline)
+def test_packed_tests_never_overfill_the_capacity(inner, made_once):
+    write_baseline(inner, made_once)
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB",
                                         "--memlab-baseline=bl.json")
     result.assert_outcomes(passed=6)
@@ -104,8 +98,8 @@ def test_packed_tests_never_overfill_the_capacity(inner, serial_baseline):
     assert re.search(r"wall [\d.]+ s from the first test to the last, against [\d.]+ s of the tests' own time", out)
 
 
-def test_a_test_without_a_figure_runs_alone(inner, serial_baseline):
-    write_baseline(inner, serial_baseline)
+def test_a_test_without_a_figure_runs_alone(inner, made_once):
+    write_baseline(inner, made_once)
     inner.makepyfile(test_new="""
 from test_held import hold
 

@@ -62,13 +62,34 @@ def _cuda_started(torch) -> bool:
         return False
 
 
+def _torch_out_of_memory(torch):
+    """torch's out-of-memory error class (torch.OutOfMemoryError, or
+    torch.cuda's in older torch), or None."""
+    return getattr(torch, "OutOfMemoryError", None) or getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+
+
+def out_of_memory_words(exc: BaseException | None) -> str | None:
+    """An error, in a few words, where it is an out-of-memory on any device:
+    torch's OutOfMemoryError (explained or not), or a RuntimeError that says
+    so (the CPU allocator's "can't allocate memory", another backend's "out
+    of memory"); else None.  --memlab-pack re-runs such a test alone."""
+    if exc is None:
+        return None
+    oom = _torch_out_of_memory(sys.modules.get("torch"))
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if (oom is not None and isinstance(exc, oom)) or (isinstance(exc, RuntimeError) and (
+            "out of memory" in text.lower() or "can't allocate memory" in text.lower())):
+        return f"{type(exc).__name__}: {text[:120]}"
+    return None
+
+
 def failed_request(exc: BaseException) -> tuple[str, int | None] | None:
     """(device, requested bytes or None) when exc is torch's out-of-memory
     error, else None."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    oom = getattr(torch, "OutOfMemoryError", None) or getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    oom = _torch_out_of_memory(torch)
     text = str(exc)
     if oom is not None and isinstance(exc, oom):
         m = _CUDA_DEVICE.search(text)

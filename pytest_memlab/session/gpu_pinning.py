@@ -15,20 +15,34 @@ import os
 GPUS_VARIABLE = "PYTEST_MEMLAB_WORKER_GPUS"
 
 
-def pin_this_worker() -> None:
-    """On a worker: CUDA_VISIBLE_DEVICES from the controller's plan, where
-    there is one."""
+def visible_gpus() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES's entries, None where it is unset."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if visible is None else [g.strip() for g in visible.split(",") if g.strip()]
+
+
+def worker_gpus(worker: str) -> list[str] | None:
+    """The GPUs the controller's plan gives worker ("gw3"); None where
+    there is no plan (or the name is no xdist worker's)."""
     plan = os.environ.get(GPUS_VARIABLE)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not plan or not worker.startswith("gw"):
-        return
+        return None
     try:
         plan = json.loads(plan)
         gpus, per, index = plan["gpus"], int(plan["per"]), int(worker[2:])
     except (ValueError, KeyError, TypeError):
-        return
+        return None
+    if not gpus:
+        return None
+    return [gpus[(index * per + k) % len(gpus)] for k in range(per)]
+
+
+def pin_this_worker() -> None:
+    """On a worker: CUDA_VISIBLE_DEVICES from the controller's plan, where
+    there is one."""
+    gpus = worker_gpus(os.environ.get("PYTEST_XDIST_WORKER", ""))
     if gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[(index * per + k) % len(gpus)] for k in range(per))
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
 
 
 def plan_gpus(config, per: int) -> str:
@@ -38,10 +52,8 @@ def plan_gpus(config, per: int) -> str:
     if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") \
             or not config.getoption("numprocesses", None):
         return "--memlab-gpus-per-worker works under pytest-xdist (-n N) only; this run has no workers"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        gpus = [g.strip() for g in visible.split(",") if g.strip()]
-    else:
+    gpus = visible_gpus()
+    if gpus is None:
         try:
             import torch
 

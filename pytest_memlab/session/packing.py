@@ -26,13 +26,13 @@ worker runs one.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
 
 from ..sizes import format_size
+from .gpu_pinning import visible_gpus, worker_gpus
 
 # What a GPU's default capacity leaves free: the card's free memory when the
 # session starts, less this share of it, less each worker's CUDA context.
@@ -57,18 +57,26 @@ def gpu_free_memory() -> dict[str, int]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
             free[parts[0]] = int(parts[1]) * 2**20
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        names = [g.strip() for g in visible.split(",") if g.strip()]
+    names = visible_gpus()
+    if names is not None:
         free = {g: free[g] for g in names if g in free}
     return free
 
 
+def held_at_once(kind: str, peak: int, first_use: int | None, reserved_peak: int | None) -> int:
+    """A test's footprint: its own peak plus its first use (what it holds
+    at once, counting what it fills into caches), and on a GPU at least
+    its reserved peak."""
+    held = peak + (first_use or 0)
+    if kind == "cuda" and reserved_peak:
+        held = max(held, reserved_peak)
+    return held
+
+
 def footprints(tests: dict, kind: str) -> dict[str, int]:
-    """Each test's footprint on devices of kind ("cpu" or "cuda") from a
-    baseline lane's entries: its own peak plus its first use (what it
-    holds at once, counting what it fills into caches), and on a GPU at
-    least its reserved peak; the largest of its devices of that kind."""
+    """Each test's footprint (held_at_once) on devices of kind ("cpu" or
+    "cuda") from a baseline lane's entries: the largest of its devices of
+    that kind."""
     out = {}
     for nodeid, devices in tests.items():
         best = None
@@ -76,9 +84,8 @@ def footprints(tests: dict, kind: str) -> dict[str, int]:
             device = key.split("@", 1)[0]
             if device.split(":", 1)[0] != kind or not isinstance(entry, dict) or entry.get("peak") is None:
                 continue
-            held = int(entry["peak"]) + int(entry.get("first_use") or 0)
-            if kind == "cuda" and entry.get("reserved_peak"):
-                held = max(held, int(entry["reserved_peak"]))
+            held = held_at_once(kind, int(entry["peak"]), int(entry.get("first_use") or 0),
+                                int(entry.get("reserved_peak") or 0))
             best = held if best is None else max(best, held)
         if best is not None:
             out[nodeid] = best
@@ -108,8 +115,7 @@ class PackStats:
     first_send: float | None = None
     last_done: float | None = None
     first_ready: float | None = None
-    waits: int = 0                  # times a test that was next could not start for want of room
-    waited: set = field(default_factory=set)
+    waited: set = field(default_factory=set)   # tests that were next on a worker and could not start for want of room
     alone: int = 0                  # tests without a figure, run alone
     test_time: float = 0.0          # the tests' own durations, summed
     tests: int = 0
@@ -221,10 +227,6 @@ class PackScheduling:
         self._fill()
 
     # -- what memlab adds -----------------------------------------------------
-    def ran_beside_others(self, nodeid: str) -> bool:
-        assert self.collection is not None
-        return nodeid in self.collection and self.collection.index(nodeid) in self.beside
-
     def rerun_alone(self, nodeid: str, why: str) -> bool:
         """A test that ran out of memory beside others: run it again at the
         end, alone.  False where it cannot be (it ran alone, or it was a
@@ -345,9 +347,8 @@ class PackScheduling:
                 if self._fits(node, queue[0]):
                     self._start(node)
                     progress = True
-                elif queue[0] not in self.stats.waited:
+                else:
                     self.stats.waited.add(queue[0])
-                    self.stats.waits += 1
 
     # -- the summary ----------------------------------------------------------
     def summary(self, workers: int) -> list[str]:
@@ -358,7 +359,7 @@ class PackScheduling:
                          for d, v in sorted(s.planned_peak.items())) or "0 B"
         lines = [f"pytest-memlab pack ({plan.kind}, capacity {capacity}): {s.tests} test runs on "
                  f"{workers} workers; at most {peak} in use at once by the baseline's figures; "
-                 f"{s.waits} waited for room, {s.alone} ran alone (no figure in the baseline)"]
+                 f"{len(s.waited)} waited for room, {s.alone} ran alone (no figure in the baseline)"]
         if s.first_send is not None and s.last_done is not None:
             wall = s.last_done - s.first_send
             ratio = f" ({wall / s.test_time:.2f}x)" if s.test_time > 0 else ""
@@ -407,18 +408,11 @@ def make_plan(config, options, baseline) -> PackPlan:
         cap = {gpu: options.pack_capacity for gpu in free}
     else:
         cap = {gpu: int(n * (1 - MARGIN_SHARE)) for gpu, n in free.items()}
-    workers = {}
-    plan = os.environ.get("PYTEST_MEMLAB_WORKER_GPUS")   # --memlab-gpus-per-worker's (gpu_pinning.py)
-    count = int(getattr(config.option, "numprocesses", 0) or 0)
-    if plan:
-        import json
-
-        try:
-            data = json.loads(plan)
-            gpus, per = data["gpus"], int(data["per"])
-            workers = {f"gw{i}": gpus[(i * per) % len(gpus)] for i in range(count)}
-        except (ValueError, KeyError, TypeError, ZeroDivisionError):
-            workers = {}
+    workers = {}   # --memlab-gpus-per-worker's plan: each worker packed on its first GPU
+    for i in range(int(getattr(config.option, "numprocesses", 0) or 0)):
+        gpus = worker_gpus(f"gw{i}")
+        if gpus:
+            workers[f"gw{i}"] = gpus[0]
     return PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES, worker_devices=workers)
 
 
@@ -437,28 +431,11 @@ def remember_footprints(config, kind: str, results: dict) -> None:
         for name, device in result.devices.items():
             if name.split(":", 1)[0] != kind or not device.measured or device.peak is None:
                 continue
-            n = device.peak + (device.first_use or 0)
-            if kind == "cuda" and device.reserved_peak:
-                n = max(n, device.reserved_peak)
+            n = held_at_once(kind, device.peak, device.first_use, device.reserved_peak)
             held = n if held is None else max(held, n)
         if held is not None:
             known[nodeid] = held
     cache.set(key, known)
-
-
-def out_of_memory_words(excinfo) -> str | None:
-    """A failure's exception, in a few words, where it is an out-of-memory:
-    torch's OutOfMemoryError (CUDA's, or another device's), or the CPU
-    allocator's "can't allocate memory"."""
-    if excinfo is None:
-        return None
-    exc = excinfo.value
-    names = {c.__name__ for c in type(exc).__mro__}
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if "OutOfMemoryError" in names or (isinstance(exc, RuntimeError) and (
-            "out of memory" in text.lower() or "can't allocate memory" in text.lower())):
-        return f"{type(exc).__name__}: {text[:120]}"
-    return None
 
 
 def set_aside_for_rerun(packing: PackScheduling, report) -> None:
