@@ -119,7 +119,7 @@ class PackStats:
     alone: int = 0                  # tests without a figure, run alone
     test_time: float = 0.0          # the tests' own durations, summed
     tests: int = 0
-    planned_peak: dict = field(default_factory=dict)   # device -> the most planned in use at once
+    planned_peak: dict = field(default_factory=dict)   # device -> the most in use at once by known figures
     reruns: list = field(default_factory=list)          # (nodeid, why)
 
 
@@ -315,9 +315,10 @@ class PackScheduling:
             self._send(node, follow)
         else:
             node.shutdown()
-        used = self._in_use(device)
-        if used > self.stats.planned_peak.get(device, 0):
-            self.stats.planned_peak[device] = used
+        if self.footprint(index) is not None:   # (one without a figure runs alone: it counts as the device)
+            used = self._in_use(device)
+            if used > self.stats.planned_peak.get(device, 0):
+                self.stats.planned_peak[device] = used
 
     def _fill(self) -> None:
         """Every idle node gets the test it runs next (so that the tests
