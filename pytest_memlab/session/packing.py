@@ -76,10 +76,11 @@ def held_at_once(kind: str, peak: int, first_use: int | None, reserved_peak: int
 def footprints(tests: dict, kind: str) -> dict[str, int]:
     """Each test's footprint (held_at_once) on devices of kind ("cpu" or
     "cuda") from a baseline lane's entries: the largest of its devices of
-    that kind."""
+    that kind; 0 for a test the lane measured that held nothing there (a
+    CPU-only test in a CUDA suite)."""
     out = {}
     for nodeid, devices in tests.items():
-        best = None
+        best = 0 if isinstance(devices, dict) else None
         for key, entry in devices.items():
             device = key.split("@", 1)[0]
             if device.split(":", 1)[0] != kind or not isinstance(entry, dict) or entry.get("peak") is None:
@@ -417,26 +418,28 @@ def make_plan(config, options, baseline) -> PackPlan:
     return PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES, worker_devices=workers)
 
 
-def remember_footprints(config, kind: str, results: dict) -> None:
-    """Each measured test's footprint on devices of kind, kept in pytest's
-    cache for the next packed run (a test the baseline does not have)."""
+def remember_footprints(config, results: dict, kinds=("cpu", "cuda")) -> None:
+    """Each measured test's footprint on devices of each kind, kept in
+    pytest's cache for the next packed run (a test the baseline does not
+    have: one it skipped, one added since).  A measured test that held
+    nothing of a kind (skipped, or CPU-only in a CUDA suite) is kept as 0
+    there, so that it need not run alone."""
     cache = getattr(config, "cache", None)
-    if cache is None:
+    if cache is None or not results:
         return
-    key = f"{CACHE_KEY}/{kind}"
-    known = cache.get(key, {})
-    if not isinstance(known, dict):
-        known = {}
-    for nodeid, result in results.items():
-        held = None
-        for name, device in result.devices.items():
-            if name.split(":", 1)[0] != kind or not device.measured or device.peak is None:
-                continue
-            n = held_at_once(kind, device.peak, device.first_use, device.reserved_peak)
-            held = n if held is None else max(held, n)
-        if held is not None:
+    for kind in kinds:
+        key = f"{CACHE_KEY}/{kind}"
+        known = cache.get(key, {})
+        if not isinstance(known, dict):
+            known = {}
+        for nodeid, result in results.items():
+            held = 0
+            for name, device in result.devices.items():
+                if name.split(":", 1)[0] != kind or not device.measured or device.peak is None:
+                    continue
+                held = max(held, held_at_once(kind, device.peak, device.first_use, device.reserved_peak))
             known[nodeid] = held
-    cache.set(key, known)
+        cache.set(key, known)
 
 
 def set_aside_for_rerun(packing: PackScheduling, report) -> None:

@@ -237,10 +237,13 @@ class MemlabSession:
         if self.packing is not None:
             workers = len(self.controller.workers) if self.controller is not None else 0
             self.notes += self.packing.summary(workers or self.packing.numnodes)
+        if self.packing is not None or self.baseline is not None:
+            # a packed run's figures, and a baseline run's (its skipped tests
+            # too, which the baseline does not keep), for the next packed run
             try:
-                remember_footprints(self.config, self.pack_plan.kind, self.results)
+                remember_footprints(self.config, self.results)
             except Exception as exc:   # pytest's cache unwritable: said, never the session's end
-                self.notes.append(f"--memlab-pack: the footprints were not kept for the next run: {exc}")
+                self.notes.append(f"pytest-memlab: the footprints were not kept for --memlab-pack: {exc}")
         if self.baseline is not None:
             try:
                 self._finish_baseline()

@@ -1,0 +1,174 @@
+"""--memlab-pack against plain pytest-xdist, side by side in one call.
+
+    python bench/bench_packing.py SUITE_DIR [--workers 4,8] [--generate] [--serial-plain]
+        [--pack-args=OPTIONS] [--out FILE] -- PYTEST_ARGS...
+
+First a serial run, measured, writes the suite's baseline (and pytest's
+cache, a fresh one, keeps the footprints of the tests the baseline does
+not hold: the skipped ones); with --serial-plain an unmeasured serial run
+as well, the wall a team has today.  Then for each N: ``-n N`` plain (the
+plugin loaded, measuring nothing) and ``-n N --memlab-pack`` against that
+baseline.  Each run's wall, its out-of-memory failures, its outcomes
+against the serial run's test by test, and the packed runs' summaries.
+
+--generate writes the memory-heavy suite into SUITE_DIR first: 16 tests,
+each holding 5% to 30% of the GPU's memory for 1.5 s (issue 50's suite).
+Exit status 1 when a packed run has an out-of-memory failure or an
+outcome that differs from the serial run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+# shares of the card, in the order the tests are collected: plain -n puts
+# large ones side by side
+SHARES = [0.30, 0.25, 0.20, 0.30, 0.05, 0.10, 0.30, 0.25, 0.15, 0.20, 0.30, 0.10, 0.25, 0.05, 0.15, 0.20]
+
+GENERATED = '''
+import time
+
+import pytest
+import torch
+
+SHARES = {shares!r}
+
+
+@pytest.mark.parametrize("share", SHARES, ids=[f"{{i:02d}}-{{int(s * 100)}}pct" for i, s in enumerate(SHARES)])
+def test_hold(share):
+    total = torch.cuda.mem_get_info()[1]
+    x = torch.ones(int(total * share), dtype=torch.uint8, device="cuda")
+    time.sleep(1.5)
+    assert int(x[-1]) == 1
+'''
+
+
+def outcomes(junit: str) -> tuple[dict[str, str], int]:
+    """name -> outcome (of a test re-run alone, the re-run's), and the
+    count of failures that were out of memory (a set-aside attempt's too)."""
+    attempts, oom = {}, 0
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None and re.search(r"OutOfMemoryError|out of memory",
+                                         (bad.get("message") or "") + (bad.text or "")):
+            oom += 1
+        set_aside = any(p.get("name") == "memlab.rerun" for p in case.iter("property"))
+        outcome = "failed" if bad is not None else "skipped" if case.find("skipped") is not None else "passed"
+        attempts.setdefault(name, []).append((set_aside, outcome))
+    out = {}
+    for name, tries in attempts.items():
+        kept = [o for aside, o in tries if not aside] or [tries[-1][1]]
+        out[name] = kept[-1]
+    return out, oom
+
+
+def run(folder: str, args: list[str], label: str, junit: str, cache: str) -> tuple[float, str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", f"--junitxml={junit}",
+           "-o", "junit_family=xunit2", "-o", f"cache_dir={cache}", *args]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    text = proc.stdout + proc.stderr
+    last = [x for x in text.splitlines() if re.search(r"\d+ (passed|failed|error)", x)][-1:] or [""]
+    print(f"  {label}: {wall:.1f} s, exit {proc.returncode}: {last[0].strip('= ')}", flush=True)
+    with open(junit + ".log", "w") as f:
+        f.write(text)
+    return wall, text
+
+
+def pack_summary(text: str) -> list[str]:
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("pytest-memlab pack ("):
+            out = [line]
+            for follow in lines[i + 1:]:
+                if not follow.startswith("  "):
+                    break
+                out.append(follow.strip())
+            return out
+    return []
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    rest = []
+    if "--" in argv:
+        k = argv.index("--")
+        argv, rest = argv[:k], argv[k + 1:]
+    ap = argparse.ArgumentParser()
+    ap.add_argument("suite")
+    ap.add_argument("--workers", default="4,8")
+    ap.add_argument("--generate", action="store_true")
+    ap.add_argument("--serial-plain", action="store_true")
+    ap.add_argument("--pack-args", default="", help="the packed runs' own options (--memlab-pack-capacity=...)")
+    ap.add_argument("--name", default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    suite = os.path.abspath(args.suite)
+    if args.generate:
+        os.makedirs(suite, exist_ok=True)
+        with open(os.path.join(suite, "test_held_memory.py"), "w") as f:
+            f.write(GENERATED.format(shares=SHARES))
+        rest = rest or ["test_held_memory.py"]
+    name = args.name or os.path.basename(suite)
+    tmp = tempfile.mkdtemp(prefix="memlab-pack-")
+    cache = os.path.join(tmp, "cache")
+    baseline = os.path.join(tmp, "baseline.json")
+    print(f"== {name}: {' '.join(rest)}", flush=True)
+    rows = []   # (label, wall, outcomes, oom, summary)
+
+    wall, _ = run(suite, [*rest, f"--memlab-baseline={baseline}", "--memlab-update-baseline"],
+                  "serial, measured (writes the baseline)", os.path.join(tmp, "serial.xml"), cache)
+    serial, serial_oom = outcomes(os.path.join(tmp, "serial.xml"))
+    rows.append(("serial, measured, writes the baseline", wall, serial, serial_oom, []))
+    if args.serial_plain:
+        wall, _ = run(suite, rest, "serial, unmeasured", os.path.join(tmp, "plain.xml"), cache)
+        got, oom = outcomes(os.path.join(tmp, "plain.xml"))
+        rows.append(("serial, unmeasured", wall, got, oom, []))
+    for n in [int(x) for x in args.workers.split(",") if x]:
+        for packed in (False, True):
+            label = f"-n {n}" + (" --memlab-pack" if packed else "")
+            extra = ["-n", str(n)] + (["--memlab-pack", f"--memlab-baseline={baseline}",
+                                                       *args.pack_args.split()] if packed else [])
+            junit = os.path.join(tmp, f"n{n}{'-pack' if packed else ''}.xml")
+            wall, text = run(suite, [*rest, *extra], label, junit, cache)
+            got, oom = outcomes(junit)
+            rows.append((label, wall, got, oom, pack_summary(text) if packed else []))
+
+    failed = False
+    serial_wall = rows[1][1] if args.serial_plain else rows[0][1]
+    lines = [f"### {name}", "", f"`{' '.join(rest)}`; {len(serial)} tests; the ratio is against the "
+             f"{'unmeasured' if args.serial_plain else 'measured'} serial run's wall.", "",
+             "| run | wall (s) | x serial | out of memory | passed | failed | skipped | outcomes unlike serial |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, wall, got, oom, summary in rows:
+        unlike = sorted(k for k in serial if got.get(k) != serial[k])
+        counts = {o: sum(1 for v in got.values() if v == o) for o in ("passed", "failed", "skipped")}
+        lines.append(f"| {label} | {wall:.1f} | {wall / serial_wall:.2f}x | {oom} | {counts['passed']} | "
+                     f"{counts['failed']} | {counts['skipped']} | {len(unlike)} |")
+        if "--memlab-pack" in label and (oom or unlike):
+            failed = True
+        for k in unlike[:10]:
+            print(f"  {label}: {k}: {serial[k]} serially, {got.get(k)} here")
+    lines.append("")
+    for label, wall, got, oom, summary in rows:
+        if summary:
+            lines += [f"- `{label}`: " + summary[0]] + [f"  {s}" for s in summary[1:]]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
