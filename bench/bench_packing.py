@@ -33,6 +33,8 @@ import xml.etree.ElementTree as ET
 SHARES = [0.30, 0.25, 0.20, 0.30, 0.05, 0.10, 0.30, 0.25, 0.15, 0.20, 0.30, 0.10, 0.25, 0.05, 0.15, 0.20]
 
 GENERATED = '''
+import json
+import os
 import time
 
 import pytest
@@ -42,12 +44,39 @@ SHARES = {shares!r}
 
 
 @pytest.mark.parametrize("share", SHARES, ids=[f"{{i:02d}}-{{int(s * 100)}}pct" for i, s in enumerate(SHARES)])
-def test_hold(share):
+def test_hold(share, request):
+    start = time.time()
     total = torch.cuda.mem_get_info()[1]
     x = torch.ones(int(total * share), dtype=torch.uint8, device="cuda")
+    held = time.time()
     time.sleep(1.5)
     assert int(x[-1]) == 1
+    spans = os.environ.get("PACK_SPANS")
+    if spans:   # when this test held its memory, for the bench's timeline
+        with open(os.path.join(spans, request.node.callspec.id + ".json"), "w") as f:
+            json.dump([share, start, held, time.time(), os.environ.get("PYTEST_XDIST_WORKER", "-")], f)
 '''
+
+
+def timeline(folder: str) -> list[str]:
+    """The generated suite's spans: each worker's tests in order, with the
+    gaps between them, and the most of the card held at once."""
+    import glob
+    import json
+    spans = [json.load(open(p)) for p in glob.glob(os.path.join(folder, "*.json"))]
+    if not spans:
+        return []
+    t0 = min(s[1] for s in spans)
+    by = {}
+    for share, start, held, end, worker in sorted(spans, key=lambda s: s[1]):
+        by.setdefault(worker, []).append((share, start - t0, held - t0, end - t0))
+    most = max(sum(s[0] for s in spans if s[2] <= t < s[3]) for t in [s[2] for s in spans])
+    out = [f"holding from first to last {max(s[3] for s in spans) - t0:.2f} s; most of the card held at once "
+           f"{most:.0%}"]
+    for worker, items in sorted(by.items()):
+        parts = [f"{int(sh * 100)}% {a:.2f}+{h - a:.2f}..{e:.2f}" for sh, a, h, e in items]
+        out.append(f"{worker}: " + ", ".join(parts))
+    return out
 
 
 def outcomes(junit: str) -> tuple[dict[str, str], int]:
@@ -139,9 +168,12 @@ def main() -> int:
             extra = ["-n", str(n)] + (["--memlab-pack", f"--memlab-baseline={baseline}",
                                                        *args.pack_args.split()] if packed else [])
             junit = os.path.join(tmp, f"n{n}{'-pack' if packed else ''}.xml")
+            spans = os.path.join(tmp, f"spans-n{n}{'-pack' if packed else ''}")
+            os.makedirs(spans)
+            os.environ["PACK_SPANS"] = spans
             wall, text = run(suite, [*rest, *extra], label, junit, cache)
             got, oom = outcomes(junit)
-            rows.append((label, wall, got, oom, pack_summary(text) if packed else []))
+            rows.append((label, wall, got, oom, (pack_summary(text) if packed else []) + timeline(spans)))
 
     failed = False
     serial_wall = rows[1][1] if args.serial_plain else rows[0][1]

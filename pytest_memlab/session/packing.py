@@ -26,6 +26,7 @@ worker runs one.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import subprocess
 import time
@@ -38,6 +39,10 @@ from .gpu_pinning import visible_gpus, worker_gpus
 # session starts, less this share of it, less each worker's CUDA context.
 MARGIN_SHARE = 0.05
 CONTEXT_BYTES = 600 * 2**20   # a CUDA context with cuBLAS's workspace, as this project measured on H100/H200
+# What a packed worker's caching allocator may keep reserved between tests
+# unreleased (counted in each worker's allowance): giving back less than
+# this after every test costs a driver call per block for nothing.
+KEPT_CACHE_BYTES = 256 * 2**20
 
 
 def gpu_free_memory() -> dict[str, int]:
@@ -147,6 +152,8 @@ class PackScheduling:
         self.rerun: set[int] = set()                  # tests re-run (their first failure set aside)
         self.beside: set[int] = set()                 # tests that ran while another ran on their device
         self.set_aside: dict[str, str] = {}           # re-run tests whose first attempt's teardown is to come
+        self.waiting: dict = {}                       # node -> when (a count) its next test first found no room
+        self.ticks = itertools.count()
         self.collection: list[str] | None = None
         self.stats = PackStats()
 
@@ -207,6 +214,7 @@ class PackScheduling:
         pending = self.node2pending.pop(node)
         self.started.pop(node, None)
         self.resident.pop(node, None)
+        self.waiting.pop(node, None)
         if not pending:
             self._fill()
             return None
@@ -265,17 +273,35 @@ class PackScheduling:
                 used += self.plan.capacity[device] if need is None else need
         return used
 
-    def _fits(self, node, index: int) -> bool:
-        """Whether index may start on node now.  A test starts on an idle
-        device whatever its footprint (alone, it has the whole card)."""
+    def _fits(self, node, index: int, reserve: int = 0) -> bool:
+        """Whether index may start on node now, with reserve bytes kept
+        free beside it.  A test starts on an idle device whatever its
+        footprint (alone, it has the whole card)."""
         device = self.plan.device_of(node.gateway.id)
-        if not self._running_on(device, leave_out=node):
+        if not self._running_on(device, leave_out=node) and not reserve:
             return True
         need = self.footprint(index)
         if need is None:
             return False
         mine = self.plan.context + self.resident.get(node, 0) + need
-        return self._in_use(device, leave_out=node) + mine <= self.plan.capacity[device]
+        return self._in_use(device, leave_out=node) + mine + reserve <= self.plan.capacity[device]
+
+    def _may_start(self, node, index: int) -> bool:
+        """_fits, first come first served: the worker whose next test has
+        waited longest for room on this device starts when it fits; another
+        starts only if it leaves that test its room (else the small tests
+        that keep arriving would starve a large one)."""
+        device = self.plan.device_of(node.gateway.id)
+        ahead = [n for n in sorted(self.waiting, key=self.waiting.get)
+                 if n is not node and self.waiting[n] < self.waiting.get(node, float("inf"))
+                 and self.plan.device_of(n.gateway.id) == device and n not in self.started]
+        if not ahead:
+            return self._fits(node, index)
+        first = ahead[0]
+        need = self.footprint(self.node2pending[first][0])
+        if need is None:   # a test that runs alone waits for an idle device: nothing starts before it
+            return False
+        return self._fits(node, index, reserve=self.plan.context + self.resident.get(first, 0) + need)
 
     def _next_for(self, node) -> int | None:
         """The test node runs after its current one: the first pending test
@@ -341,16 +367,21 @@ class PackScheduling:
                     self._send(node, index)
                 elif not self.pending and not self.alone_at_end and (len(self._live()) > 1 or not self.started):
                     node.shutdown()
-            for node, queue in self.node2pending.items():
+            # the longest waiting first
+            order = sorted(self.node2pending, key=lambda n: self.waiting.get(n, float("inf")))
+            for node in order:
+                queue = self.node2pending[node]
                 if node.shutting_down or node in self.started or not queue:
                     continue
                 if not self.pending and self._live() == [node] and self.started:
                     continue   # the last worker: kept for the re-runs until the others are done
-                if self._fits(node, queue[0]):
+                if self._may_start(node, queue[0]):
+                    self.waiting.pop(node, None)
                     self._start(node)
                     progress = True
-                else:
-                    self.stats.waited.add(queue[0])
+                    break   # the order changed: judge the waiting again
+                self.stats.waited.add(queue[0])
+                self.waiting.setdefault(node, next(self.ticks))
 
     # -- the summary ----------------------------------------------------------
     def summary(self, workers: int) -> list[str]:
@@ -415,7 +446,7 @@ def make_plan(config, options, baseline) -> PackPlan:
         gpus = worker_gpus(f"gw{i}")
         if gpus:
             workers[f"gw{i}"] = gpus[0]
-    return PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES, worker_devices=workers)
+    return PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES + KEPT_CACHE_BYTES, worker_devices=workers)
 
 
 def remember_footprints(config, results: dict, kinds=("cpu", "cuda")) -> None:
@@ -465,15 +496,20 @@ def set_aside_for_rerun(packing: PackScheduling, report) -> None:
 
 
 def release_cached_gpu_memory() -> None:
-    """On a packed worker, after each test: the caching allocator's free
-    blocks go back to the driver, so that what the worker holds between
-    tests is what its tests kept (the scheduler's figure), not what they
-    once reserved.  Nothing where CUDA never started."""
+    """On a packed worker, after each test: where the caching allocator
+    keeps more than KEPT_CACHE_BYTES reserved beyond what is allocated, its
+    free blocks go back to the driver, so that what the worker holds
+    between tests is what its tests kept (the scheduler's figure) and at
+    most that allowance, not what they once reserved.  Nothing where CUDA
+    never started."""
     import sys
 
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
+            for i in range(torch.cuda.device_count()):
+                if torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i) > KEPT_CACHE_BYTES:
+                    with torch.cuda.device(i):
+                        torch.cuda.empty_cache()
     except Exception:   # never the test's trouble
         pass
