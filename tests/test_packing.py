@@ -16,6 +16,13 @@ pytest.importorskip("xdist")
 # one worker writes the serial baseline once (made_once) for the tests that share it
 pytestmark = [requires_torch, pytest.mark.xdist_group("packing")]
 
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch):
+    """These runs measure CPU tensors: on the GPU machine, --memlab would
+    measure the default device, CUDA, instead (and packing would pack it)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
 MiB = 2**20
 
 # three tests holding 3 MiB and three holding 6 MiB, each for 1 s; each writes

@@ -122,7 +122,9 @@ def test_a_path_after_the_bare_flag_is_a_path(inner):
     (sub / "test_other.py").write_text("def test_other():\n    pass\n")
     result = inner.runpytest_inprocess("--memlab-report", "sub")
     result.assert_outcomes(passed=1)                       # only sub/ was collected
-    result.stdout.fnmatch_lines(["on cpu, in sub/test_other.py:", "test * own peak*", "test_other *"])
+    import torch
+    unmarked = "cuda:0" if torch.cuda.is_available() else "cpu"   # an unmarked test measures the default device
+    result.stdout.fnmatch_lines([f"on {unmarked}, in sub/test_other.py:", "test * own peak*", "test_other *"])
     result = inner.runpytest_inprocess("test_suite.py::test_within", "--memlab-report", "sub/test_other.py")
     result.assert_outcomes(passed=2)
     result = inner.runpytest_inprocess("--memlab-report=term", "sub")
