@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import forked_pytest
+
 pytest_plugins = ["pytester"]
 
 # A CI job's summary file: every run these tests start would append memlab's
@@ -125,6 +127,22 @@ def pytester(pytester, monkeypatch):
             return inline_run(*quiet, *args, **kwargs)
 
         monkeypatch.setattr(pytester, "inline_run", quiet_inline_run)
+    # runpytest_subprocess's runs: forked from a process that imported torch
+    # once (forked_pytest), where the test does not ask for a new interpreter
+    popen = pytester.popen
+
+    def forked_popen(cmdargs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=pytester.CLOSE_STDIN, **kw):
+        args = [os.fspath(a) for a in cmdargs]
+        if (args[:2] == [sys.executable, "-mpytest"] and stdin is pytester.CLOSE_STDIN and not kw
+                and hasattr(stdout, "fileno") and hasattr(stderr, "fileno")):
+            env = os.environ.copy()
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+            run = forked_pytest.popen("pytest", args[2:], os.getcwd(), env, stdout, stderr)
+            if run is not None:
+                return run
+        return popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **kw)
+
+    monkeypatch.setattr(pytester, "popen", forked_popen)
     return pytester
 
 

@@ -31,12 +31,12 @@ import pathlib
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 
 import pytest
 
+import forked_pytest
 from conftest import requires_torch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -224,7 +224,7 @@ def run_scenario(name: str, where: pathlib.Path) -> dict[str, tuple[str, pathlib
     outputs = {}
     for step, command in steps:
         words, env = argv(command)
-        proc = subprocess.run(words, cwd=folder, env=clean_env(**env), capture_output=True, text=True, timeout=600)
+        proc = forked_pytest.run_captured(words, folder, clean_env(**env), timeout=600)
         outputs[step] = (proc.stdout + proc.stderr, folder)
     _RUN[name] = outputs
     return outputs

@@ -7,13 +7,13 @@ a user's would be."""
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+import forked_pytest
 from conftest import has_cuda, requires_torch
 
 pytestmark = requires_torch
@@ -39,7 +39,7 @@ def run_zoo(tmp_path: Path, name: str, *args: str, env: dict | None = None, file
     full_env.pop("PYTEST_XDIST_WORKER", None)
     full_env.pop("PYTEST_ADDOPTS", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", *files, *args]
-    proc = subprocess.run(cmd, cwd=ZOO, env=full_env, capture_output=True, text=True, timeout=900)
+    proc = forked_pytest.run_captured(cmd, ZOO, full_env, timeout=900)
     results: dict = {}
     for part in sorted(tmp_path.glob(f"{name}.json*")):
         results.update(json.loads(part.read_text()))

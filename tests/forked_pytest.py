@@ -1,0 +1,268 @@
+"""Inner pytest runs forked from a process that imported torch once.
+
+Most of this suite's time on a 2-core machine went to starting inner pytest
+processes (pytester's ``runpytest_subprocess``, the zoo's and the docs'
+runs), each importing torch anew: 1.1 s of CPU on Python 3.11, 1.5 s on
+3.12, about a hundred times a lane.  A *starter* process per test process
+imports torch once (nothing else of note: not pytest, not pytest-memlab,
+and it never runs a torch operation, starts CUDA or a thread pool) and forks
+a child for each run.  The child becomes what ``python -m pytest ARGS``
+would be: its working directory, its environment, its ``sys.path`` from
+PYTHONPATH, its argv, stdin from /dev/null, stdout and stderr into the
+caller's files; at its end the ``atexit`` handlers and the non-daemon
+threads run as at an interpreter's exit.  What differs from a new process:
+torch (and what it imports) is imported before pytest starts, as a
+conftest that imports torch would have it, and environment variables that
+torch reads while importing are the starter's.  Tests that need a new
+interpreter (what a process imports, variables read at torch's import)
+run with ``MEMLAB_TEST_FORK=0`` or call ``subprocess`` themselves.
+
+``popen(args, cwd, env, stdout, stderr)`` returns an object with Popen's
+``wait(timeout)``, ``kill()``, ``returncode``, ``stdin`` (None) and
+``pid``, or None where the run cannot be forked (then the caller starts a
+process as before).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+ENABLED = os.environ.get("MEMLAB_TEST_FORK", "1") != "0"
+
+# The starter: run as `python -c STARTER SOCKET_PATH`.
+STARTER = r'''
+import json, os, select, signal, socket, sys, warnings
+try:
+    import torch  # noqa: F401  (the point of this process)
+except Exception:
+    pass
+path = sys.argv[1]
+base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+server.listen(4)
+print("ready", flush=True)
+
+
+def child(request, fds):
+    """Becomes `python -m pytest ARGS`; never returns."""
+    import atexit, runpy, threading, traceback
+    code = 1
+    try:
+        warnings.filters[:] = filters
+        warnings._filters_mutated()
+        server.close()
+        os.setpgid(0, 0)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in (null, *fds):
+            os.close(fd)
+        encoding = sys.stdout.encoding
+        sys.stdin = open(0, "r", encoding=encoding, closefd=False)
+        sys.stdout = open(1, "w", encoding=encoding, closefd=False)
+        sys.stderr = open(2, "w", encoding=encoding, errors="backslashreplace", closefd=False,
+                          buffering=1)
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+        pythonpath = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [request["cwd"], *pythonpath, *base_path]
+        sys.argv = [request["module"], *request["args"]]
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None:
+                code = 0
+            elif isinstance(exc.code, int):
+                code = exc.code
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+parent = os.getppid()
+while True:
+    # the test process that started this one may end without a word (killed):
+    # then this one ends too
+    if not select.select([server], [], [], 2.0)[0]:
+        if os.getppid() != parent:
+            os._exit(0)
+        continue
+    conn, _ = server.accept()
+    try:
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+        request = json.loads(msg.decode())
+        filters = list(warnings.filters)
+        with warnings.catch_warnings():   # 3.12 warns of forking beside torch's one idle thread
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            conn.close()
+            child(request, fds)
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        pidfd = os.pidfd_open(pid)
+        status = None
+        while status is None:
+            ready, _, _ = select.select([pidfd, conn], [], [])
+            if conn in ready:
+                word = conn.recv(16)
+                if word.startswith(b"kill") or not word:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            if pidfd in ready or conn in ready:
+                done, raw = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status = os.waitstatus_to_exitcode(raw)
+        os.close(pidfd)
+        try:
+            conn.sendall(json.dumps({"returncode": status}).encode() + b"\n")
+        except OSError:
+            pass
+    except Exception as exc:   # a bad request: said to the caller, the starter goes on
+        try:
+            conn.sendall(json.dumps({"error": repr(exc)}).encode() + b"\n")
+        except OSError:
+            pass
+    finally:
+        conn.close()
+'''
+
+
+class _Starter:
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="memlab-fork-")
+        self.path = os.path.join(self.folder, "s")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+        self.proc = subprocess.Popen([sys.executable, "-c", STARTER, self.path], stdout=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        assert self.proc.stdout is not None
+        self.ready = self.proc.stdout.readline().strip() == b"ready"
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_starter: _Starter | None = None
+
+
+class ForkedRun:
+    """What pytester and subprocess.run need of a Popen."""
+
+    stdin = None
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self.conn, self.pid = conn, pid
+        self.returncode: int | None = None
+        self._buffer = b""
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        self.conn.settimeout(timeout)
+        try:
+            while b"\n" not in self._buffer:
+                part = self.conn.recv(4096)
+                if not part:
+                    raise RuntimeError("the forking starter went away during a run")
+                self._buffer += part
+        except socket.timeout:
+            raise subprocess.TimeoutExpired(f"pytest (forked, pid {self.pid})", timeout) from None
+        answer = json.loads(self._buffer.split(b"\n", 1)[0])
+        self.returncode = int(answer["returncode"])
+        self.conn.close()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                self.conn.sendall(b"kill")
+            except OSError:
+                pass
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def popen(module: str, args: list[str], cwd: str, env: dict, stdout, stderr) -> ForkedRun | None:
+    """`python -m module ARGS` forked from the starter, or None (the caller
+    starts a process itself)."""
+    global _starter
+    if not ENABLED or sys.platform != "linux" or not hasattr(os, "pidfd_open"):
+        return None
+    if _starter is None:
+        _starter = _Starter()
+    if not _starter.ready or _starter.proc.poll() is not None:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(_starter.path)
+        request = {"module": module, "args": [os.fspath(a) for a in args], "cwd": os.fspath(cwd),
+                   "env": dict(env)}
+        socket.send_fds(conn, [json.dumps(request).encode()], [stdout.fileno(), stderr.fileno()])
+        line = b""
+        while not line.endswith(b"\n"):
+            part = conn.recv(4096)
+            if not part:
+                conn.close()
+                return None
+            line += part
+        answer = json.loads(line)
+    except OSError:
+        conn.close()
+        return None
+    if "pid" not in answer:
+        conn.close()
+        return None
+    return ForkedRun(conn, answer["pid"])
+
+
+def run_captured(cmd: list[str], cwd, env: dict, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True): forked where
+    cmd is `sys.executable -m pytest ...`."""
+    if len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m" and cmd[2] == "pytest":
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as out, \
+                tempfile.TemporaryFile("w+", encoding="utf-8") as err:
+            run = popen("pytest", list(cmd[3:]), cwd, env, out, err)
+            if run is not None:
+                try:
+                    code = run.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    run.kill()
+                    run.wait()
+                    raise
+                out.seek(0)
+                err.seek(0)
+                return subprocess.CompletedProcess(cmd, code, out.read(), err.read())
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
