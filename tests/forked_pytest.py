@@ -46,16 +46,6 @@ except Exception:
 # environment, and each child starts from this process's untouched copy
 import _pytest.config  # noqa: E402,F401
 import pytest  # noqa: E402,F401
-import importlib, importlib.metadata  # noqa: E402
-# and the modules of the plugins installed beside it, but pytest-memlab's
-# (pytest registers them in each child, as it would; only their import is
-# shared)
-for entry in importlib.metadata.entry_points(group="pytest11"):
-    if not entry.module.startswith("pytest_memlab"):
-        try:
-            importlib.import_module(entry.module)
-        except Exception:
-            pass
 path = sys.argv[1]
 base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
 server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
