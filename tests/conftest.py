@@ -50,6 +50,7 @@ def _measured_durations() -> dict:
     return durations
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Under xdist, the slowest tests (as measured: ci/test-durations.txt)
     first, so that no long test is left to run alone at the end; the others
@@ -57,9 +58,29 @@ def pytest_collection_modifyitems(config, items):
     fixture is then set up once)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    if config.getvalue("loadgroup"):
+        _keep_xdist_groups(items)
     durations = _measured_durations()
     if durations:
-        items.sort(key=lambda item: -durations.get(item.nodeid, 0.0))
+        items.sort(key=lambda item: -durations.get(item.nodeid.split("@")[0], 0.0))
+
+
+def _keep_xdist_groups(items) -> None:
+    """pytest-xdist 3.8's --dist loadgroup names a test's group by setting
+    item._nodeid to "NODEID@GROUP"; pytest 9.2 keeps a node's id in
+    item._id, so the group was lost and each test of a group went to any
+    worker (the zoo's unmeasured run, shared by a group, was made on both
+    workers).  Here the suffix is set where pytest 9.2 reads it."""
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or "@" in item.nodeid.rsplit("]", 1)[-1]:
+            continue   # no group, or xdist named it (a pytest that reads _nodeid)
+        try:
+            from _pytest.nodeid import coerce_node_id
+        except ImportError:
+            return
+        item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def has_torch() -> bool:
