@@ -123,6 +123,41 @@ def test_new_and_unmeasured():
     assert "1 ran alone (no figure in the baseline)" in result.stdout.str()
 
 
+def test_a_skipped_test_is_known_from_the_baseline_run_and_packs_as_nothing(inner):
+    """The baseline keeps no entry for a skipped test; the run that wrote it
+    keeps each measured test's footprint in pytest's cache, 0 for the
+    skipped ones, so that they need not run alone; and a lane's test that
+    held nothing on a kind counts 0 there."""
+    from pytest_memlab.session.packing import footprints
+
+    inner.makeini("[pytest]\naddopts = -p no:randomly\n")   # pytest's cache on
+    inner.makepyfile(test_some="""
+import time, pytest, torch
+
+@pytest.mark.parametrize("i", range(2))
+def test_holds(i):
+    x = torch.ones(3 * 2**20, dtype=torch.uint8)
+    time.sleep(0.3)
+
+@pytest.mark.parametrize("i", range(2))
+def test_skipped(i):
+    pytest.skip("not here")
+""")
+    inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline").assert_outcomes(
+        passed=2, skipped=2)
+    packed = ["-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB", "--memlab-baseline=bl.json"]
+    without_cache = inner.runpytest_subprocess(*packed, "-p", "no:cacheprovider")
+    without_cache.assert_outcomes(passed=2, skipped=2)
+    assert "2 ran alone (no figure in the baseline)" in without_cache.stdout.str()
+    with_cache = inner.runpytest_subprocess(*packed)
+    with_cache.assert_outcomes(passed=2, skipped=2)
+    assert "0 ran alone (no figure in the baseline)" in with_cache.stdout.str()
+    # a lane's test with only a CPU entry: nothing on CUDA
+    lane = json.loads((inner.path / "bl.json").read_text())["tests"]
+    assert footprints(lane, "cuda") == {nodeid: 0 for nodeid in lane}
+    assert footprints(lane, "cpu")["test_some.py::test_holds[0]"] >= 3 * MiB
+
+
 # Each test "runs on a card" of 8 MiB: it says it is out of memory when the
 # tests registered as running beside it hold more than that together.
 CARD = """
