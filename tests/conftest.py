@@ -70,7 +70,8 @@ def _keep_xdist_groups(items) -> None:
     item._nodeid to "NODEID@GROUP"; pytest 9.2 keeps a node's id in
     item._id, so the group was lost and each test of a group went to any
     worker (the zoo's unmeasured run, shared by a group, was made on both
-    workers).  Here the suffix is set where pytest 9.2 reads it."""
+    workers; pytest-dev/pytest-xdist#1386).  Here the suffix is set where
+    pytest 9.2 reads it."""
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
