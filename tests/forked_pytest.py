@@ -131,22 +131,28 @@ while True:
         for fd in fds:
             os.close(fd)
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        pidfd = os.pidfd_open(pid)
-        status = None
+        try:   # the child's end wakes select (Linux 5.3+); else it is polled
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        status, killed = None, False
         while status is None:
-            ready, _, _ = select.select([pidfd, conn], [], [])
+            waiting = [conn] if killed else [conn] + ([pidfd] if pidfd is not None else [])
+            ready, _, _ = select.select(waiting if not killed else [], [], [],
+                                        None if pidfd is not None and not killed else 0.05)
             if conn in ready:
                 word = conn.recv(16)
                 if word.startswith(b"kill") or not word:
+                    killed = True
                     try:
                         os.killpg(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-            if pidfd in ready or conn in ready:
-                done, raw = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    status = os.waitstatus_to_exitcode(raw)
-        os.close(pidfd)
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(raw)
+        if pidfd is not None:
+            os.close(pidfd)
         try:
             conn.sendall(json.dumps({"returncode": status}).encode() + b"\n")
         except OSError:
@@ -204,6 +210,8 @@ class ForkedRun:
         except socket.timeout:
             raise subprocess.TimeoutExpired(f"pytest (forked, pid {self.pid})", timeout) from None
         answer = json.loads(self._buffer.split(b"\n", 1)[0])
+        if "returncode" not in answer:
+            raise RuntimeError(f"the forking starter failed: {answer.get('error')}")
         self.returncode = int(answer["returncode"])
         self.conn.close()
         return self.returncode
