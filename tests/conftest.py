@@ -72,15 +72,15 @@ def _keep_xdist_groups(items) -> None:
     worker (the zoo's unmeasured run, shared by a group, was made on both
     workers; pytest-dev/pytest-xdist#1386).  Here the suffix is set where
     pytest 9.2 reads it."""
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:   # a pytest before 9.2: xdist's own naming works
+        return
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
         if not names or "@" in item.nodeid.rsplit("]", 1)[-1]:
             continue   # no group, or xdist named it (a pytest that reads _nodeid)
-        try:
-            from _pytest.nodeid import coerce_node_id
-        except ImportError:
-            return
         item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
 
 

@@ -138,9 +138,12 @@ while True:
             pidfd = None
         status, killed = None, False
         while status is None:
-            waiting = [conn] if killed else [conn] + ([pidfd] if pidfd is not None else [])
-            ready, _, _ = select.select(waiting if not killed else [], [], [],
-                                        None if pidfd is not None and not killed else 0.05)
+            if killed:   # only the child's end is left to hear: polled
+                watch, timeout = [], 0.05
+            else:
+                watch = [conn] if pidfd is None else [conn, pidfd]
+                timeout = 0.05 if pidfd is None else None
+            ready, _, _ = select.select(watch, [], [], timeout)
             if conn in ready:
                 word = conn.recv(16)
                 if word.startswith(b"kill") or not word:
