@@ -218,6 +218,23 @@ def test_out_of_memory_beside_others_is_run_again_alone(inner):
     assert junit.count('name="memlab.rerun" value="set aside, re-run alone at the end: OutOfMemoryError') == reruns
 
 
+def test_re_runs_get_a_new_worker_when_every_worker_has_ended(inner):
+    """Two tests, two workers: each is its worker's last test, so both
+    workers end with them; what runs out of memory beside the other is run
+    again alone by a new worker (xdist's replacement of a crashed one)."""
+    inner.makepyfile(test_card=CARD)
+    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline", "-k", "fills")
+    written.assert_outcomes(passed=2, deselected=1)
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=64MiB",
+                                        "--memlab-baseline=bl.json", "-k", "fills", "-v")
+    out = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    reruns = outcomes.pop("rerun", 0)
+    assert outcomes == {"passed": 2} and reruns >= 1 and result.ret == 0, out
+    assert out.count("re-run alone at the end: test_card.py::test_fills_the_card[") == reruns, out
+    assert re.search(r"\[gw2\] .*PASSED test_card.py::test_fills_the_card", out), out   # the new worker
+
+
 def test_bad_input_is_named(inner):
     inner.makepyfile(test_one="def test_one():\n    pass\n")
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=lots")
@@ -234,3 +251,77 @@ def test_bad_input_is_named(inner):
     result = inner.runpytest_subprocess("--memlab-pack")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*--memlab-pack works under pytest-xdist (-n N) only; this run has no workers*"])
+
+
+class _Worker:
+    """What the scheduler uses of an xdist worker node: its id, the tests
+    sent to it, the shutdown."""
+
+    def __init__(self, i):
+        self.gateway = type("Gateway", (), {"id": f"gw{i}"})()
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices):
+        pass
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def play(workers: int, shares: list[float], capacity: int, context: int, seconds=2.0, starts=None, scheduler=None):
+    """The real scheduler on a clock: each test holds its share for its
+    seconds from the moment the scheduler starts it.  Returns when the last
+    ended and the most held at once (contexts included)."""
+    import heapq
+    import types
+
+    from pytest_memlab.session.packing import PackPlan, PackScheduling
+    PackScheduling = scheduler or PackScheduling
+
+    ids = [f"t.py::test[{i}]" for i in range(len(shares))]
+    plan = PackPlan("cuda", {"0": capacity}, {n: int(s * capacity) for n, s in zip(ids, shares)}, context=context)
+    clones = []   # xdist's replacement of a worker (the re-runs' worker where every worker has ended)
+    dsession = types.SimpleNamespace(_clone_node=clones.append)
+    config = types.SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"],
+                                   pluginmanager=types.SimpleNamespace(getplugin=lambda name: dsession))
+    sched = PackScheduling(config, plan)
+    nodes = [_Worker(i) for i in range(workers)]
+    for node in nodes:
+        sched.add_node(node)
+        sched.add_node_collection(node, ids)
+    now, ends, running, most, done = 0.0, [], {}, 0, []
+
+    def note_starts():
+        nonlocal most
+        for node, index in sched.started.items():
+            if running.get(node) != index:
+                running[node] = index
+                if starts is not None:
+                    starts.append((now, node.gateway.id, shares[index]))
+                heapq.heappush(ends, (now + (seconds[index] if isinstance(seconds, list) else seconds), node.gateway.id, node, index))
+        most = max(most, workers * context + sum(plan.footprint[ids[i]] for i in running.values()))
+
+    sched.schedule()
+    note_starts()
+    while ends:
+        now, _, node, index = heapq.heappop(ends)
+        del running[node]
+        done.append(index)
+        sched.mark_test_complete(node, index, 0.0)
+        note_starts()
+    assert sorted(done) == list(range(len(shares))) and sched.tests_finished and not clones
+    return now, most
+
+
+@pytest.mark.parametrize("workers", [4, 8])
+def test_the_next_test_is_chosen_a_round_ahead(workers):
+    """Issue 50's suite (16 tests of 5% to 30% of a card, the large ones
+    side by side in collection order): a worker's next test is fixed when
+    its current one starts, so it is chosen to fit beside what the other
+    workers run next.  Four rounds at -n 4 and at -n 8 (the fewest: 16
+    tests on 4 workers; 3.15 cards of memory), never over the capacity."""
+    shares = [0.30, 0.25, 0.20, 0.30, 0.05, 0.10, 0.30, 0.25, 0.15, 0.20, 0.30, 0.10, 0.25, 0.05, 0.15, 0.20]
+    capacity, context = 132 * 2**30, 856 * 2**20
+    wall, most = play(workers, [s * 141 / 132 for s in shares], capacity, context)
+    assert most <= capacity
+    assert wall == 4 * 2.0

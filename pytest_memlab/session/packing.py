@@ -12,16 +12,18 @@ the next item to know which fixtures to tear down.  So a worker here holds
 at most two: the test it runs and the one it runs next, and the one it runs
 next starts at the moment the scheduler queues a third (or sends the
 shutdown).  The memory gate is applied at that moment, to the test that is
-about to start; a test whose start would overfill the device waits.
+about to start; a test whose start would overfill the device waits.  As a
+worker's next test is fixed when its current one starts, it is chosen a
+round ahead: to fit beside what the other workers run next.
 
 A test without a figure in the baseline starts only on an empty device
 (alone), and its figure is measured for the next run.  A test that runs
 out of memory while another test ran beside it on its device is re-run at
 the end, alone: the controller turns that first failure into a ``rerun``
 report before any other plugin sees it (the worker says which failures
-were out of memory), and the re-run's outcome stands.  One worker, the
-last, is kept for the re-runs: it starts its last test only when no other
-worker runs one.
+were out of memory), and the re-run's outcome stands.  The re-runs go to
+an idle worker, or where every worker has ended to a new one, started the
+way xdist replaces a crashed worker.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ class PackScheduling:
         self.started: dict = {}                       # node -> index of the test it runs now
         self.resident: dict = {}                      # node -> bytes its finished tests kept
         self.pending: list[int] = []
-        self.alone_at_end: list[int] = []             # re-runs, each alone, on the last worker
+        self.alone_at_end: list[int] = []             # re-runs, each alone, at the end
         self.rerun: set[int] = set()                  # tests re-run (their first failure set aside)
         self.beside: set[int] = set()                 # tests that ran while another ran on their device
         self.set_aside: dict[str, str] = {}           # re-run tests whose first attempt's teardown is to come
@@ -156,6 +158,14 @@ class PackScheduling:
         self.ticks = itertools.count()
         self.collection: list[str] | None = None
         self.stats = PackStats()
+        # A worker for the re-runs when every worker has ended: xdist's own
+        # replacement of a crashed worker (a new one, the same spec).  Where
+        # this xdist has none, the last worker is kept instead: its last test
+        # waits until no other runs one.
+        dsession = getattr(getattr(config, "pluginmanager", None), "getplugin", lambda name: None)("dsession")
+        self.clone_worker = getattr(dsession, "_clone_node", None)
+        self.cloning = False
+        self.spec_node = None                          # a worker whose spec a new one copies
 
     # -- xdist's interface ----------------------------------------------------
     @property
@@ -180,6 +190,8 @@ class PackScheduling:
         assert node not in self.node2pending
         self.node2pending[node] = []
         self.resident[node] = 0
+        self.spec_node = node
+        self.cloning = False
         if self.stats.first_ready is None:
             self.stats.first_ready = time.monotonic()
 
@@ -303,16 +315,39 @@ class PackScheduling:
             return False
         return self._fits(node, index, reserve=self.plan.context + self.resident.get(first, 0) + need)
 
-    def _next_for(self, node) -> int | None:
-        """The test node runs after its current one: the first pending test
-        (in collection order, which keeps a module's tests together) that
-        would fit beside what runs now; else the first pending."""
+    def _planned(self, device: str, leave_out=None) -> int:
+        """The bytes planned on device in the next round: each worker's
+        context and what it keeps, and the footprint of the last test queued
+        on it (the one it runs after its current test, else the one it runs
+        or waits to run; a test without a figure: the whole device)."""
+        used = 0
+        for node, queue in self.node2pending.items():
+            if node is leave_out or self.plan.device_of(node.gateway.id) != device:
+                continue
+            used += self.plan.context + self.resident.get(node, 0)
+            if queue:
+                need = self.footprint(queue[-1])
+                used += self.plan.capacity[device] if need is None else need
+        return used
+
+    def _next_for(self, node, only_fitting: bool = False) -> int | None:
+        """The test node runs next (after its current one, or first): the
+        first pending test (in collection order, which keeps a module's
+        tests together) that fits beside what the other workers on its
+        device will run next (their queued tests: a worker's next test is
+        fixed when its current one starts, so the choice looks one round
+        ahead); else the first pending, or with only_fitting None."""
         if not self.pending:
             return None
-        for k, index in enumerate(self.pending[:64]):
-            if self.footprint(index) is not None and self._fits(node, index):
-                return self.pending.pop(k)
-        return self.pending.pop(0)
+        device = self.plan.device_of(node.gateway.id)
+        room = self.plan.capacity[device] - self._planned(device, leave_out=node) \
+            - self.plan.context - self.resident.get(node, 0)
+        fitting = [(need, -k) for k, need in enumerate(map(self.footprint, self.pending[:64]))
+                   if need is not None and need <= room]
+        if fitting:
+            best = 0 if fitting[0][1] == 0 else -max(fitting)[1]
+            return self.pending.pop(best)
+        return None if only_fitting else self.pending.pop(0)
 
     def _send(self, node, index: int) -> None:
         self.node2pending[node].append(index)
@@ -325,7 +360,7 @@ class PackScheduling:
 
     def _start(self, node) -> None:
         """The node's queued test starts: queue its next (a pending test, a
-        re-run on the last worker), or shut the node down."""
+        re-run where this is the last live node), or shut the node down."""
         index = self.node2pending[node][0]
         device = self.plan.device_of(node.gateway.id)
         beside = self._running_on(device, leave_out=node)
@@ -335,7 +370,10 @@ class PackScheduling:
         self.started[node] = index
         if self.footprint(index) is None and index not in self.rerun:
             self.stats.alone += 1
-        follow = self.pending.pop(0) if self.pending else None
+        # what fits now goes to idle workers first: it starts now there, not
+        # after this test
+        self._assign_idle()
+        follow = self._next_for(node)
         if follow is None and self.alone_at_end and self._live() == [node]:
             follow = self.alone_at_end.pop(0)
         if follow is not None:
@@ -347,33 +385,52 @@ class PackScheduling:
             if used > self.stats.planned_peak.get(device, 0):
                 self.stats.planned_peak[device] = used
 
+    def _idle(self, leave_out=None) -> list:
+        """Live nodes with nothing queued: a node that never got a test (a
+        worker runs its first test only once a second is queued)."""
+        return [n for n, queue in self.node2pending.items()
+                if n is not leave_out and not queue and not n.shutting_down]
+
+    def _assign_idle(self) -> None:
+        """Each idle node gets a test that fits beside what the others will
+        run (the first pending where nothing is queued anywhere, a re-run
+        where nothing runs), or is shut down when there is nothing left for
+        it; one idle node stays while tests run: the re-runs' worker."""
+        for node, queue in self.node2pending.items():
+            if node.shutting_down or queue:
+                continue
+            busy = any(self.node2pending.values())
+            index = self._next_for(node, only_fitting=busy)
+            if index is None and not busy and self.alone_at_end:
+                index = self.alone_at_end.pop(0)
+            if index is not None:
+                self._send(node, index)
+            elif not self.pending and not self.alone_at_end and (not busy or self._idle(leave_out=node)):
+                node.shutdown()
+
     def _fill(self) -> None:
-        """Every idle node gets the test it runs next (so that the tests
-        spread over the workers), then what fits starts.  With nothing left
-        to hand out, the last live node waits until no other runs a test (a
-        test that runs out of memory beside others is re-run there, alone)."""
+        """Idle nodes get a test where one fits beside what the others will
+        run (so that the tests spread over the workers; an idle worker is
+        kept idle rather than given a test that would wait: it can still
+        take whichever test fits when room comes), then what fits starts.
+        With nothing left to hand out, an idle node is kept for the re-runs
+        (a test that runs out of memory beside others is re-run there,
+        alone, once no other runs a test) where there is one; where every
+        worker has ended, a new one is started for them (xdist's way of
+        replacing a crashed worker)."""
         if self.collection is None:
             return
         progress = True
         while progress:
             progress = False
-            for node, queue in self.node2pending.items():
-                if node.shutting_down or node in self.started or queue:
-                    continue
-                index = self._next_for(node)
-                if index is None and self._live() == [node] and not self.started and self.alone_at_end:
-                    index = self.alone_at_end.pop(0)
-                if index is not None:
-                    self._send(node, index)
-                elif not self.pending and not self.alone_at_end and (len(self._live()) > 1 or not self.started):
-                    node.shutdown()
+            self._assign_idle()
             # the longest waiting first
             order = sorted(self.node2pending, key=lambda n: self.waiting.get(n, float("inf")))
             for node in order:
                 queue = self.node2pending[node]
                 if node.shutting_down or node in self.started or not queue:
                     continue
-                if not self.pending and self._live() == [node] and self.started:
+                if self.clone_worker is None and not self.pending and self._live() == [node] and self.started:
                     continue   # the last worker: kept for the re-runs until the others are done
                 if self._may_start(node, queue[0]):
                     self.waiting.pop(node, None)
@@ -382,6 +439,10 @@ class PackScheduling:
                     break   # the order changed: judge the waiting again
                 self.stats.waited.add(queue[0])
                 self.waiting.setdefault(node, next(self.ticks))
+        if self.alone_at_end and not self._live() and not self.cloning and self.clone_worker is not None:
+            self.log(f"a new worker for {len(self.alone_at_end)} re-run(s): every worker had ended")
+            self.cloning = True
+            self.clone_worker(self.spec_node)
 
     # -- the summary ----------------------------------------------------------
     def summary(self, workers: int) -> list[str]:
