@@ -174,6 +174,10 @@ def main() -> int:
             wall, text = run(suite, [*rest, *extra], label, junit, cache)
             got, oom = outcomes(junit)
             rows.append((label, wall, got, oom, (pack_summary(text) if packed else []) + timeline(spans)))
+            trace = [x for x in text.splitlines() if x.startswith("[packsched]")]   # with --pack-args=--debug
+            if trace and args.out:
+                with open(os.path.splitext(args.out)[0] + f"-trace-n{n}.log", "w") as f:
+                    f.write("\n".join(trace) + "\n")
 
     failed = False
     serial_wall = rows[1][1] if args.serial_plain else rows[0][1]

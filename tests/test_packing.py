@@ -325,3 +325,17 @@ def test_the_next_test_is_chosen_a_round_ahead(workers):
     wall, most = play(workers, [s * 141 / 132 for s in shares], capacity, context)
     assert most <= capacity
     assert wall == 4 * 2.0
+
+
+def test_a_footprint_is_the_tests_own_peak_not_the_reserved_peak_of_the_process():
+    """In the serial run that wrote the baseline, the caching allocator keeps
+    a 40 GiB test's blocks for the tests after it: their reserved peak is
+    40 GiB, their own peak 7 GiB.  They pack as 7 GiB (plus first use)."""
+    from pytest_memlab.session.packing import footprints
+
+    GiB = 2**30
+    lane = {"t.py::test_big": {"cuda:0": {"peak": 40 * GiB, "first_use": 0, "reserved_peak": 40 * GiB}},
+            "t.py::test_small": {"cuda:0": {"peak": 7 * GiB, "first_use": 8 * MiB, "reserved_peak": 40 * GiB}},
+            "t.py::test_cpu_only": {"cpu": {"peak": MiB, "reserved_peak": None}}}
+    assert footprints(lane, "cuda") == {"t.py::test_big": 40 * GiB, "t.py::test_small": 7 * GiB + 8 * MiB,
+                                        "t.py::test_cpu_only": 0}

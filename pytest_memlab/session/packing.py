@@ -70,14 +70,15 @@ def gpu_free_memory() -> dict[str, int]:
     return free
 
 
-def held_at_once(kind: str, peak: int, first_use: int | None, reserved_peak: int | None) -> int:
+def held_at_once(peak: int, first_use: int | None) -> int:
     """A test's footprint: its own peak plus its first use (what it holds
-    at once, counting what it fills into caches), and on a GPU at least
-    its reserved peak."""
-    held = peak + (first_use or 0)
-    if kind == "cuda" and reserved_peak:
-        held = max(held, reserved_peak)
-    return held
+    at once, counting what it fills into caches).  Not the reserved peak:
+    that is the process's, and in a serial run it carries what earlier
+    tests left in the caching allocator (every test after a 40 GiB one
+    would count 40 GiB); a packed worker gives its cache back between tests,
+    and each worker's allowance (KEPT_CACHE_BYTES) covers the allocator's
+    rounding."""
+    return peak + (first_use or 0)
 
 
 def footprints(tests: dict, kind: str) -> dict[str, int]:
@@ -92,8 +93,7 @@ def footprints(tests: dict, kind: str) -> dict[str, int]:
             device = key.split("@", 1)[0]
             if device.split(":", 1)[0] != kind or not isinstance(entry, dict) or entry.get("peak") is None:
                 continue
-            held = held_at_once(kind, int(entry["peak"]), int(entry.get("first_use") or 0),
-                                int(entry.get("reserved_peak") or 0))
+            held = held_at_once(int(entry["peak"]), int(entry.get("first_use") or 0))
             best = held if best is None else max(best, held)
         if best is not None:
             out[nodeid] = best
@@ -349,6 +349,10 @@ class PackScheduling:
             return self.pending.pop(best)
         return None if only_fitting else self.pending.pop(0)
 
+    def _mib(self, index: int) -> str:
+        need = self.footprint(index)
+        return "alone" if need is None else f"{need >> 20} MiB"
+
     def _send(self, node, index: int) -> None:
         self.node2pending[node].append(index)
         node.send_runtest_some([index])
@@ -376,6 +380,9 @@ class PackScheduling:
         follow = self._next_for(node)
         if follow is None and self.alone_at_end and self._live() == [node]:
             follow = self.alone_at_end.pop(0)
+        self.log(f"{node.gateway.id} starts {self.collection[index]} ({self._mib(index)}; in use "
+                 f"{self._in_use(device) >> 20} MiB, kept {self.resident.get(node, 0) >> 20} MiB); next "
+                 + (f"{self.collection[follow]} ({self._mib(follow)})" if follow is not None else "none: shut down"))
         if follow is not None:
             self._send(node, follow)
         else:
@@ -404,6 +411,7 @@ class PackScheduling:
             if index is None and not busy and self.alone_at_end:
                 index = self.alone_at_end.pop(0)
             if index is not None:
+                self.log(f"{node.gateway.id} idle: given {self.collection[index]} ({self._mib(index)})")
                 self._send(node, index)
             elif not self.pending and not self.alone_at_end and (not busy or self._idle(leave_out=node)):
                 node.shutdown()
@@ -529,7 +537,7 @@ def remember_footprints(config, results: dict, kinds=("cpu", "cuda")) -> None:
             for name, device in result.devices.items():
                 if name.split(":", 1)[0] != kind or not device.measured or device.peak is None:
                     continue
-                held = max(held, held_at_once(kind, device.peak, device.first_use, device.reserved_peak))
+                held = max(held, held_at_once(device.peak, device.first_use))
             known[nodeid] = held
         cache.set(key, known)
 
