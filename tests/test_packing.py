@@ -339,3 +339,15 @@ def test_a_footprint_is_the_tests_own_peak_not_the_reserved_peak_of_the_process(
             "t.py::test_cpu_only": {"cpu": {"peak": MiB, "reserved_peak": None}}}
     assert footprints(lane, "cuda") == {"t.py::test_big": 40 * GiB, "t.py::test_small": 7 * GiB + 8 * MiB,
                                         "t.py::test_cpu_only": 0}
+
+
+def test_short_tests_are_told_that_n_did_not_pay(inner):
+    """Tests that take next to nothing: the workers' start alone is longer
+    than the tests one after another, and the summary says so."""
+    inner.makepyfile(test_quick="import pytest\n\n@pytest.mark.parametrize('i', range(4))\ndef test_quick(i):\n    pass\n")
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB")
+    result.assert_outcomes(passed=4)
+    line = next(x for x in result.stdout.lines if "-n did not pay here" in x)
+    start, run, own = map(float, re.findall(r"\(([\d.]+) s\)", line))
+    assert start > 0.2 and start + run >= own, line
+    assert line.endswith("run these tests without -n"), line

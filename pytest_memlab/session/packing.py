@@ -110,6 +110,7 @@ class PackPlan:
     footprint: dict[str, int]                    # nodeid -> bytes
     context: int = 0                             # what a worker holds on its device before any test
     worker_devices: dict[str, str] = field(default_factory=dict)   # "gw0" -> device, where pinned
+    made: float = field(default_factory=time.monotonic)            # when the session started (the plan is made then)
 
     def device_of(self, worker: str) -> str:
         if self.kind == "cpu":
@@ -119,10 +120,8 @@ class PackPlan:
 
 @dataclass
 class PackStats:
-    started: float = field(default_factory=time.monotonic)
     first_send: float | None = None
     last_done: float | None = None
-    first_ready: float | None = None
     waited: set = field(default_factory=set)   # tests that were next on a worker and could not start for want of room
     alone: int = 0                  # tests without a figure, run alone
     test_time: float = 0.0          # the tests' own durations, summed
@@ -192,8 +191,6 @@ class PackScheduling:
         self.resident[node] = 0
         self.spec_node = node
         self.cloning = False
-        if self.stats.first_ready is None:
-            self.stats.first_ready = time.monotonic()
 
     def add_node_collection(self, node, collection) -> None:
         assert node in self.node2pending
@@ -467,11 +464,11 @@ class PackScheduling:
             ratio = f" ({wall / s.test_time:.2f}x)" if s.test_time > 0 else ""
             lines.append(f"  wall {wall:.1f} s from the first test to the last, against {s.test_time:.1f} s "
                          f"of the tests' own time one after another{ratio}")
-            start = (s.first_ready - s.started) if s.first_ready is not None else None
-            mean = s.test_time / s.tests if s.tests else 0.0
-            if start is not None and s.tests and mean < start:
-                lines.append(f"  packing cannot pay here: a test takes {mean:.2f} s on average, less than a "
-                             f"worker's start ({start:.1f} s); run these tests without -n")
+            start = s.first_send - plan.made   # the workers' start: up to the first test (xdist waits for all)
+            if s.test_time > 0 and start + wall >= s.test_time:
+                lines.append(f"  -n did not pay here: the workers' start ({start:.1f} s) and the tests ({wall:.1f} s) "
+                             f"took longer than the tests' own time one after another ({s.test_time:.1f} s); "
+                             "run these tests without -n")
         for nodeid, why in s.reruns:
             lines.append(f"  re-run alone at the end: {nodeid} ran out of memory beside other tests ({why}); "
                          "the re-run's outcome stands")
