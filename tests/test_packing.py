@@ -235,6 +235,28 @@ def test_re_runs_get_a_new_worker_when_every_worker_has_ended(inner):
     assert re.search(r"\[gw2\] .*PASSED test_card.py::test_fills_the_card", out), out   # the new worker
 
 
+def test_a_stopping_session_starts_no_new_worker(inner, monkeypatch):
+    """-x: a test fails while two others run out of memory beside each
+    other as their workers' last tests.  xdist is stopping its workers, so
+    no new one is started for the re-runs (it would never be stopped): the
+    session ends, failed."""
+    inner.makepyfile(test_card=CARD + """
+
+def test_fails_when_told():
+    assert not os.environ.get("FAIL_NOW")
+""")
+    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
+                                         "-k", "fills or told")
+    written.assert_outcomes(passed=3, deselected=1)
+    monkeypatch.setenv("FAIL_NOW", "1")
+    result = inner.runpytest_subprocess("-n", "3", "--memlab-pack", "--memlab-pack-capacity=64MiB",
+                                        "--memlab-baseline=bl.json", "-k", "fills or told", "-x", "-v",
+                                        timeout=60)
+    out = result.stdout.str()
+    assert result.ret in (1, 2) and "FAILED test_card.py::test_fails_when_told" in out, out   # (2: xdist says -x interrupted)
+    assert "[gw3]" not in out, out
+
+
 def test_bad_input_is_named(inner):
     inner.makepyfile(test_one="def test_one():\n    pass\n")
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=lots")

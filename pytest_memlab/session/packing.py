@@ -161,8 +161,8 @@ class PackScheduling:
         # replacement of a crashed worker (a new one, the same spec).  Where
         # this xdist has none, the last worker is kept instead: its last test
         # waits until no other runs one.
-        dsession = getattr(getattr(config, "pluginmanager", None), "getplugin", lambda name: None)("dsession")
-        self.clone_worker = getattr(dsession, "_clone_node", None)
+        self.dsession = getattr(getattr(config, "pluginmanager", None), "getplugin", lambda name: None)("dsession")
+        self.clone_worker = getattr(self.dsession, "_clone_node", None)
         self.cloning = False
         self.spec_node = None                          # a worker whose spec a new one copies
 
@@ -444,7 +444,9 @@ class PackScheduling:
                     break   # the order changed: judge the waiting again
                 self.stats.waited.add(queue[0])
                 self.waiting.setdefault(node, next(self.ticks))
-        if self.alone_at_end and not self._live() and not self.cloning and self.clone_worker is not None:
+        stopping = getattr(self.dsession, "shuttingdown", False) or getattr(self.dsession, "shouldstop", False)
+        if self.alone_at_end and not self._live() and not self.cloning and self.clone_worker is not None \
+                and not stopping:   # (-x, --maxfail: xdist is stopping its workers; a new one would never stop)
             self.log(f"a new worker for {len(self.alone_at_end)} re-run(s): every worker had ended")
             self.cloning = True
             self.clone_worker(self.spec_node)
