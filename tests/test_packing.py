@@ -192,17 +192,31 @@ def test_fills_the_card(i):
 
 def test_too_big_for_the_card():
     raise torch.OutOfMemoryError("out of memory: 20 MiB on a card of 8 (simulated)")
+
+
+def test_fails_when_told():
+    assert not os.environ.get("FAIL_NOW")
 """
 
 
-def test_out_of_memory_beside_others_is_run_again_alone(inner):
+def write_card_baseline(inner, made_once):
+    """The card suite's baseline (the tests that fit the card), written
+    serially: once a session."""
     inner.makepyfile(test_card=CARD)
-    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
-                                         "-k", "fills")
-    written.assert_outcomes(passed=2, deselected=1)
+
+    def write():
+        written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
+                                             "-k", "fills or told")
+        written.assert_outcomes(passed=3, deselected=1)
+
+    made_once("card-baseline", inner.path, ("bl.json",), write)
+
+
+def test_out_of_memory_beside_others_is_run_again_alone(inner, made_once):
+    write_card_baseline(inner, made_once)
     # a capacity too large for the simulated card: the two 6 MiB tests start together
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=64MiB",
-                                        "--memlab-baseline=bl.json", "-rA", "--junitxml=j.xml")
+                                        "--memlab-baseline=bl.json", "-rA", "--junitxml=j.xml", "-k", "not told")
     out = result.stdout.str()
     # the two that filled the card pass when run again alone; the one too big fails as it is
     outcomes = result.parseoutcomes()
@@ -218,16 +232,15 @@ def test_out_of_memory_beside_others_is_run_again_alone(inner):
     assert junit.count('name="memlab.rerun" value="set aside, re-run alone at the end: OutOfMemoryError') == reruns
 
 
-def test_re_runs_get_a_new_worker_when_every_worker_has_ended(inner):
+def test_re_runs_get_a_new_worker_when_every_worker_has_ended(inner, made_once):
     """Two tests, two workers: each is its worker's last test, so both
     workers end with them; what runs out of memory beside the other is run
-    again alone by a new worker (xdist's replacement of a crashed one)."""
-    inner.makepyfile(test_card=CARD)
-    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline", "-k", "fills")
-    written.assert_outcomes(passed=2, deselected=1)
+    again alone by a new worker (xdist's replacement of a crashed one).
+    Under -x: the set-aside failure counts for -x only if it stands."""
+    write_card_baseline(inner, made_once)
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=64MiB",
-                                        "--memlab-baseline=bl.json", "-k", "fills", "-v")
-    out = result.stdout.str()
+                                        "--memlab-baseline=bl.json", "-k", "fills", "-v", "-x")
+    out = result.stdout.str()   # (-x: a failure set aside for its re-run stops nothing)
     outcomes = result.parseoutcomes()
     reruns = outcomes.pop("rerun", 0)
     assert outcomes == {"passed": 2} and reruns >= 1 and result.ret == 0, out
@@ -235,19 +248,12 @@ def test_re_runs_get_a_new_worker_when_every_worker_has_ended(inner):
     assert re.search(r"\[gw2\] .*PASSED test_card.py::test_fills_the_card", out), out   # the new worker
 
 
-def test_a_stopping_session_starts_no_new_worker(inner, monkeypatch):
+def test_a_stopping_session_starts_no_new_worker(inner, made_once, monkeypatch):
     """-x: a test fails while two others run out of memory beside each
     other as their workers' last tests.  xdist is stopping its workers, so
     no new one is started for the re-runs (it would never be stopped): the
     session ends, failed."""
-    inner.makepyfile(test_card=CARD + """
-
-def test_fails_when_told():
-    assert not os.environ.get("FAIL_NOW")
-""")
-    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
-                                         "-k", "fills or told")
-    written.assert_outcomes(passed=3, deselected=1)
+    write_card_baseline(inner, made_once)
     monkeypatch.setenv("FAIL_NOW", "1")
     result = inner.runpytest_subprocess("-n", "3", "--memlab-pack", "--memlab-pack-capacity=64MiB",
                                         "--memlab-baseline=bl.json", "-k", "fills or told", "-x", "-v",
@@ -301,7 +307,8 @@ def play(workers: int, shares: list[float], capacity: int, context: int, seconds
     PackScheduling = scheduler or PackScheduling
 
     ids = [f"t.py::test[{i}]" for i in range(len(shares))]
-    plan = PackPlan("cuda", {"0": capacity}, {n: int(s * capacity) for n, s in zip(ids, shares)}, context=context)
+    plan = PackPlan("cuda", {"0": capacity}, {n: int(s * capacity) for n, s in zip(ids, shares) if s is not None},
+                    context=context)
     clones = []   # xdist's replacement of a worker (the re-runs' worker where every worker has ended)
     dsession = types.SimpleNamespace(_clone_node=clones.append)
     config = types.SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"],
@@ -321,7 +328,7 @@ def play(workers: int, shares: list[float], capacity: int, context: int, seconds
                 if starts is not None:
                     starts.append((now, node.gateway.id, shares[index]))
                 heapq.heappush(ends, (now + (seconds[index] if isinstance(seconds, list) else seconds), node.gateway.id, node, index))
-        most = max(most, workers * context + sum(plan.footprint[ids[i]] for i in running.values()))
+        most = max(most, workers * context + sum(plan.footprint.get(ids[i], capacity) for i in running.values()))
 
     sched.schedule()
     note_starts()
@@ -373,3 +380,23 @@ def test_short_tests_are_told_that_n_did_not_pay(inner):
     start, run, own = map(float, re.findall(r"\(([\d.]+) s\)", line))
     assert start > 0.2 and start + run >= own, line
     assert line.endswith("run these tests without -n"), line
+
+
+def test_a_worker_started_later_is_packed_on_the_gpu_it_is_pinned_to(monkeypatch):
+    """--memlab-gpus-per-worker: a worker xdist starts to replace a crashed
+    one (gw2, gw3) is pinned by the same plan as the first ones; the
+    scheduler packs it on that GPU, not on the first."""
+    from pytest_memlab.session.gpu_pinning import GPUS_VARIABLE
+    from pytest_memlab.session.packing import PackPlan
+
+    monkeypatch.setenv(GPUS_VARIABLE, json.dumps({"gpus": ["0", "1"], "per": 1}))
+    plan = PackPlan("cuda", {"0": 2**30, "1": 2**30}, {}, worker_devices={"gw0": "0", "gw1": "1"})
+    assert [plan.device_of(f"gw{i}") for i in range(4)] == ["0", "1", "0", "1"]
+
+
+def test_a_test_without_a_figure_has_the_device_to_itself():
+    """Even a test that holds nothing does not start beside one that runs
+    alone (no figure): with no context counted (the CPU), 0 bytes would
+    otherwise fit beside a test counted as the whole device."""
+    wall, most = play(2, [None, 0.0], capacity=2**30, context=0)
+    assert wall == 2 * 2.0

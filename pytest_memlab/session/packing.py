@@ -115,7 +115,13 @@ class PackPlan:
     def device_of(self, worker: str) -> str:
         if self.kind == "cpu":
             return "cpu"
-        return self.worker_devices.get(worker) or next(iter(self.capacity))
+        device = self.worker_devices.get(worker)
+        if device is None and self.worker_devices:
+            # a worker xdist started later (one replacing a crashed worker):
+            # pinned by the same plan as the first ones
+            gpus = worker_gpus(worker)
+            device = gpus[0] if gpus and gpus[0] in self.capacity else None
+        return device or next(iter(self.capacity))
 
 
 @dataclass
@@ -287,11 +293,12 @@ class PackScheduling:
         free beside it.  A test starts on an idle device whatever its
         footprint (alone, it has the whole card)."""
         device = self.plan.device_of(node.gateway.id)
-        if not self._running_on(device, leave_out=node) and not reserve:
+        beside = self._running_on(device, leave_out=node)
+        if not beside and not reserve:
             return True
         need = self.footprint(index)
-        if need is None:
-            return False
+        if need is None or any(self.footprint(self.started[n]) is None for n in beside):
+            return False   # (a test that runs alone has the device to itself, whatever fits beside it)
         mine = self.plan.context + self.resident.get(node, 0) + need
         return self._in_use(device, leave_out=node) + mine + reserve <= self.plan.capacity[device]
 
@@ -397,13 +404,14 @@ class PackScheduling:
 
     def _assign_idle(self) -> None:
         """Each idle node gets a test that fits beside what the others will
-        run (the first pending where nothing is queued anywhere, a re-run
-        where nothing runs), or is shut down when there is nothing left for
+        run (the first pending where nothing is queued on its device, a
+        re-run where nothing runs there), or is shut down when there is nothing left for
         it; one idle node stays while tests run: the re-runs' worker."""
         for node, queue in self.node2pending.items():
             if node.shutting_down or queue:
                 continue
-            busy = any(self.node2pending.values())
+            device = self.plan.device_of(node.gateway.id)
+            busy = any(q for n, q in self.node2pending.items() if self.plan.device_of(n.gateway.id) == device)
             index = self._next_for(node, only_fitting=busy)
             if index is None and not busy and self.alone_at_end:
                 index = self.alone_at_end.pop(0)
