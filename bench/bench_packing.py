@@ -1,6 +1,6 @@
 """--memlab-pack against plain pytest-xdist, side by side in one call.
 
-    python bench/bench_packing.py SUITE_DIR [--workers 4,8] [--generate] [--serial-plain]
+    python bench/bench_packing.py SUITE_DIR [--workers 4,8] [--generate] [--serial-plain] [--measured-plain]
         [--pack-args=OPTIONS] [--out FILE] -- PYTEST_ARGS...
 
 First a serial run, measured, writes the suite's baseline (and pytest's
@@ -137,6 +137,8 @@ def main() -> int:
     ap.add_argument("--workers", default="4,8")
     ap.add_argument("--generate", action="store_true")
     ap.add_argument("--serial-plain", action="store_true")
+    ap.add_argument("--measured-plain", action="store_true",
+                    help="also -n N measured under xdist's own scheduler: what measuring costs apart from packing")
     ap.add_argument("--pack-args", default="", help="the packed runs' own options (--memlab-pack-capacity=...)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", default=None)
@@ -163,12 +165,17 @@ def main() -> int:
         got, oom = outcomes(os.path.join(tmp, "plain.xml"))
         rows.append(("serial, unmeasured", wall, got, oom, []))
     for n in [int(x) for x in args.workers.split(",") if x]:
-        for packed in (False, True):
-            label = f"-n {n}" + (" --memlab-pack" if packed else "")
-            extra = ["-n", str(n)] + (["--memlab-pack", f"--memlab-baseline={baseline}",
-                                                       *args.pack_args.split()] if packed else [])
-            junit = os.path.join(tmp, f"n{n}{'-pack' if packed else ''}.xml")
-            spans = os.path.join(tmp, f"spans-n{n}{'-pack' if packed else ''}")
+        # plain, measured by xdist's own scheduler (--measured-plain: what
+        # measuring costs apart from packing), packed
+        for kind in ("plain", "measured", "packed") if args.measured_plain else ("plain", "packed"):
+            packed = kind == "packed"
+            label = f"-n {n}" + {"plain": "", "measured": f" --memlab-baseline (xdist's scheduler)",
+                                 "packed": " --memlab-pack"}[kind]
+            extra = ["-n", str(n)] + {"plain": [], "measured": [f"--memlab-baseline={baseline}"],
+                                      "packed": ["--memlab-pack", f"--memlab-baseline={baseline}",
+                                                 *args.pack_args.split()]}[kind]
+            junit = os.path.join(tmp, f"n{n}-{kind}.xml")
+            spans = os.path.join(tmp, f"spans-n{n}-{kind}")
             os.makedirs(spans)
             os.environ["PACK_SPANS"] = spans
             wall, text = run(suite, [*rest, *extra], label, junit, cache)
