@@ -372,10 +372,14 @@ def test_a_footprint_is_the_tests_own_peak_not_the_reserved_peak_of_the_process(
 
 def test_short_tests_are_told_that_n_did_not_pay(inner):
     """Tests that take next to nothing: the workers' start alone is longer
-    than the tests one after another, and the summary says so."""
+    than the tests one after another, and the summary says so.  With
+    --debug, the scheduler's decisions are on stderr."""
     inner.makepyfile(test_quick="import pytest\n\n@pytest.mark.parametrize('i', range(4))\ndef test_quick(i):\n    pass\n")
-    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB")
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB", "--debug")
     result.assert_outcomes(passed=4)
+    # --debug: the scheduler says what it decided, test by test
+    starts = [x for x in result.stderr.lines if x.startswith("[packsched] gw") and " starts test_quick.py::" in x]
+    assert len(starts) == 4, result.stderr.str()[-3000:]
     line = next(x for x in result.stdout.lines if "-n did not pay here" in x)
     start, run, own = map(float, re.findall(r"\(([\d.]+) s\)", line))
     assert start > 0.2 and start + run >= own, line
