@@ -17,6 +17,13 @@ torch reads while importing are the starter's.  Tests that need a new
 interpreter (what a process imports, variables read at torch's import)
 run with ``MEMLAB_TEST_FORK=0`` or call ``subprocess`` themselves.
 
+An inner run's xdist workers are forked too: in the child, execnet's popen
+gateway runs ``forked_worker_client.py`` (``python -S``, no torch) in place
+of the worker's interpreter; it asks the starter for a child that runs the
+worker's bootstrap with its stdin, stdout and stderr, and exits with that
+child's status.  The starter serves several runs at once (an inner run and
+its workers).  ``MEMLAB_TEST_FORK_WORKERS=0`` starts the workers anew.
+
 ``popen(args, cwd, env, stdout, stderr)`` returns an object with Popen's
 ``wait(timeout)``, ``kill()``, ``returncode``, ``stdin`` (None) and
 ``pid``, or None where the run cannot be forked (then the caller starts a
@@ -35,6 +42,9 @@ import sys
 import tempfile
 
 ENABLED = os.environ.get("MEMLAB_TEST_FORK", "1") != "0"
+# the inner runs' xdist workers forked as well (MEMLAB_TEST_FORK_WORKERS=0: new interpreters)
+WORKERS_ENABLED = ENABLED and os.environ.get("MEMLAB_TEST_FORK_WORKERS", "1") != "0"
+WORKERS_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_worker_client.py")
 
 # The starter: run as `python -c STARTER SOCKET_PATH`.
 STARTER = r'''
@@ -55,23 +65,51 @@ server.listen(4)
 print("ready", flush=True)
 
 
+def fork_xdist_workers(client):
+    """In an inner pytest run: the xdist workers it starts (execnet's popen
+    gateways of this interpreter) are forked from this starter too, through
+    CLIENT, a small process that stands in for the worker's interpreter."""
+    try:
+        import execnet.gateway_io as gateway_io
+    except ImportError:
+        return
+    original = gateway_io.popen_args
+
+    def popen_args(spec):
+        args = original(spec)
+        if not spec.python and args[:1] == [sys.executable]:
+            args[0:1] = [sys.executable, "-S", client, path]
+        return args
+
+    gateway_io.popen_args = popen_args
+
+
 def child(request, fds):
-    """Becomes `python -m pytest ARGS`; never returns."""
+    """Becomes `python -m pytest ARGS` (or `python -c CODE`); never returns."""
     import atexit, runpy, threading, traceback
     code = 1
     try:
         warnings.filters[:] = filters
         warnings._filters_mutated()
         server.close()
+        for conn, run in runs.items():   # the other runs' ends belong to the starter
+            conn.close()
+            if run[1] is not None:
+                os.close(run[1])
         os.setpgid(0, 0)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
-        for fd in (null, *fds):
+        if len(fds) == 3:   # an xdist worker: its stdin is execnet's channel
+            stdin, out, err = fds
+            null = None
+        else:
+            stdin = null = os.open(os.devnull, os.O_RDONLY)
+            out, err = fds
+        os.dup2(stdin, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        for fd in {stdin, *fds}:
             os.close(fd)
         encoding = sys.stdout.encoding
         sys.stdin = open(0, "r", encoding=encoding, closefd=False)
@@ -81,10 +119,17 @@ def child(request, fds):
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
         pythonpath = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [request["cwd"], *pythonpath, *base_path]
-        sys.argv = [request["module"], *request["args"]]
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request.get("workers_client"):
+            fork_xdist_workers(request["workers_client"])
         try:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            if "code" in request:   # `python -u [-B] -c CODE`: an xdist worker's bootstrap
+                sys.argv = ["-c", *request["args"]]
+                sys.dont_write_bytecode = "-B" in request["args"] or sys.dont_write_bytecode
+                exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            else:
+                sys.argv = [request["module"], *request["args"]]
+                runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as exc:
             if exc.code is None:
@@ -111,63 +156,64 @@ def child(request, fds):
 
 
 parent = os.getppid()
+runs = {}   # conn -> [pid, pidfd (None: polled), killed]: runs at once (an inner run and its workers)
 while True:
     # the test process that started this one may end without a word (killed):
     # then this one ends too
-    if not select.select([server], [], [], 2.0)[0]:
-        if os.getppid() != parent:
-            os._exit(0)
-        continue
-    conn, _ = server.accept()
-    try:
-        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
-        request = json.loads(msg.decode())
-        filters = list(warnings.filters)
-        with warnings.catch_warnings():   # 3.12 warns of forking beside torch's one idle thread
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:
+    watch = [server] + [c for c, r in runs.items() if not r[2]] + [r[1] for r in runs.values() if r[1] is not None]
+    polled = any(r[1] is None or r[2] for r in runs.values())
+    ready, _, _ = select.select(watch, [], [], 0.05 if polled else 2.0)
+    if not ready and not runs and os.getppid() != parent:
+        os._exit(0)
+    if server in ready:
+        conn, _ = server.accept()
+        try:
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            request = json.loads(msg.decode())
+            filters = list(warnings.filters)
+            with warnings.catch_warnings():   # 3.12 warns of forking beside torch's one idle thread
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:
+                conn.close()
+                child(request, fds)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            try:   # the child's end wakes select (Linux 5.3+); else it is polled
+                pidfd = os.pidfd_open(pid)
+            except (AttributeError, OSError):
+                pidfd = None
+            runs[conn] = [pid, pidfd, False]
+        except Exception as exc:   # a bad request: said to the caller, the starter goes on
+            try:
+                conn.sendall(json.dumps({"error": repr(exc)}).encode() + b"\n")
+            except OSError:
+                pass
             conn.close()
-            child(request, fds)
-        for fd in fds:
-            os.close(fd)
-        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        try:   # the child's end wakes select (Linux 5.3+); else it is polled
-            pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            pidfd = None
-        status, killed = None, False
-        while status is None:
-            if killed:   # only the child's end is left to hear: polled
-                watch, timeout = [], 0.05
-            else:
-                watch = [conn] if pidfd is None else [conn, pidfd]
-                timeout = 0.05 if pidfd is None else None
-            ready, _, _ = select.select(watch, [], [], timeout)
-            if conn in ready:
+    for conn, run in runs.items():
+        if conn in ready and not run[2]:
+            try:
                 word = conn.recv(16)
-                if word.startswith(b"kill") or not word:
-                    killed = True
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = os.waitstatus_to_exitcode(raw)
-        if pidfd is not None:
-            os.close(pidfd)
-        try:
-            conn.sendall(json.dumps({"returncode": status}).encode() + b"\n")
-        except OSError:
-            pass
-    except Exception as exc:   # a bad request: said to the caller, the starter goes on
-        try:
-            conn.sendall(json.dumps({"error": repr(exc)}).encode() + b"\n")
-        except OSError:
-            pass
-    finally:
-        conn.close()
+            except OSError:
+                word = b""
+            if word.startswith(b"kill") or not word:   # killed, or its caller went away
+                run[2] = True
+                try:
+                    os.killpg(run[0], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    for conn, (pid, pidfd, _) in list(runs.items()):
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if pidfd is not None:
+                os.close(pidfd)
+            try:
+                conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(raw)}).encode() + b"\n")
+            except OSError:
+                pass
+            conn.close()
+            del runs[conn]
 '''
 
 
@@ -247,6 +293,8 @@ def popen(module: str, args: list[str], cwd: str, env: dict, stdout, stderr) -> 
         conn.connect(_starter.path)
         request = {"module": module, "args": [os.fspath(a) for a in args], "cwd": os.fspath(cwd),
                    "env": dict(env)}
+        if WORKERS_ENABLED:
+            request["workers_client"] = WORKERS_CLIENT
         socket.send_fds(conn, [json.dumps(request).encode()], [stdout.fileno(), stderr.fileno()])
         line = b""
         while not line.endswith(b"\n"):
