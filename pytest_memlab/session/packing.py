@@ -405,8 +405,9 @@ class PackScheduling:
     def _assign_idle(self) -> None:
         """Each idle node gets a test that fits beside what the others will
         run (the first pending where nothing is queued on its device, a
-        re-run where nothing runs there), or is shut down when there is nothing left for
-        it; one idle node stays while tests run: the re-runs' worker."""
+        re-run where nothing runs there), or is shut down when there is
+        nothing left for it; one idle node stays while tests run: the
+        re-runs' worker."""
         for node, queue in self.node2pending.items():
             if node.shutting_down or queue:
                 continue
