@@ -64,7 +64,6 @@ class MemlabPlugin:
 
     def __init__(self, config):
         self.config = config
-        self.pytest_session = None   # pytest's Session, once it collects
         session_started()   # undone by pytest_unconfigure's restore()
         self.options = options = Options.from_config(config)
         tracing.scope.configure(config.rootpath, options.include)
@@ -97,7 +96,6 @@ class MemlabPlugin:
         one is a usage error; on a pytest-xdist worker (whose usage error
         the controller cannot show) its test fails its setup with the same
         text."""
-        self.pytest_session = session
         errors = stash_specs(items, self.options.measure_all)
         if errors and not hasattr(config, "workerinput"):
             raise pytest.UsageError("pytest-memlab: bad memory marker\n  " + "\n  ".join(errors))
@@ -200,6 +198,12 @@ class MemlabPlugin:
                 words = out_of_memory_words(call.excinfo.value if call.excinfo else None)
                 if words:
                     report.memlab_out_of_memory = words
+                    # The controller may set this failure aside and re-run
+                    # the test alone: it counts for -x and --maxfail there,
+                    # once it stands, not here.  pytest's session adds one
+                    # to its count of failures when the report is logged
+                    # (next) and stops at --maxfail: taken off first.
+                    item.session.testsfailed -= 1
             if call.when == "teardown":
                 release_cached_gpu_memory()
         run = self.running(item)
@@ -242,21 +246,11 @@ class MemlabPlugin:
         return report
 
     # -- the session ----------------------------------------------------------
-    @pytest.hookimpl(wrapper=True, tryfirst=True)   # a packed test's first failure is set aside before others see it
+    @pytest.hookimpl(tryfirst=True)   # a packed test's first failure is set aside before others see it
     def pytest_runtest_logreport(self, report):
         if self.session.packing is not None:
             set_aside_for_rerun(self.session.packing, report)
         self.session.record(report)
-        session = self.pytest_session
-        if self.options.pack and self.session.worker is not None and report.failed \
-                and getattr(report, "memlab_out_of_memory", None) and session is not None:
-            # The controller may set this failure aside and re-run the test
-            # alone: it counts for -x and --maxfail there, once it stands,
-            # not here.  pytest's session (a hook inside this wrapper) adds
-            # one to its count of failures and stops at --maxfail: taken off
-            # first, so that the count stays as it was.
-            session.testsfailed -= 1
-        return (yield)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report, config):

@@ -384,9 +384,10 @@ class PackScheduling:
         follow = self._next_for(node)
         if follow is None and self.alone_at_end and self._live() == [node]:
             follow = self.alone_at_end.pop(0)
-        self.log(f"{node.gateway.id} starts {self.collection[index]} ({self._mib(index)}; in use "
-                 f"{self._in_use(device) >> 20} MiB, kept {self.resident.get(node, 0) >> 20} MiB); next "
-                 + (f"{self.collection[follow]} ({self._mib(follow)})" if follow is not None else "none: shut down"))
+        if self.log.enabled:   # (--debug; the message is not built otherwise)
+            self.log(f"{node.gateway.id} starts {self.collection[index]} ({self._mib(index)}; in use "
+                     f"{self._in_use(device) >> 20} MiB, kept {self.resident.get(node, 0) >> 20} MiB); next "
+                     + (f"{self.collection[follow]} ({self._mib(follow)})" if follow is not None else "none: shut down"))
         if follow is not None:
             self._send(node, follow)
         else:
