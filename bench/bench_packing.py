@@ -167,13 +167,14 @@ def main() -> int:
     for n in [int(x) for x in args.workers.split(",") if x]:
         # plain, measured by xdist's own scheduler (--measured-plain: what
         # measuring costs apart from packing), packed
+        kinds = {"plain": ("", []),
+                 "measured": (" --memlab-baseline (xdist's scheduler)", [f"--memlab-baseline={baseline}"]),
+                 "packed": (" --memlab-pack", ["--memlab-pack", f"--memlab-baseline={baseline}",
+                                               *args.pack_args.split()])}
         for kind in ("plain", "measured", "packed") if args.measured_plain else ("plain", "packed"):
             packed = kind == "packed"
-            label = f"-n {n}" + {"plain": "", "measured": f" --memlab-baseline (xdist's scheduler)",
-                                 "packed": " --memlab-pack"}[kind]
-            extra = ["-n", str(n)] + {"plain": [], "measured": [f"--memlab-baseline={baseline}"],
-                                      "packed": ["--memlab-pack", f"--memlab-baseline={baseline}",
-                                                 *args.pack_args.split()]}[kind]
+            label = f"-n {n}" + kinds[kind][0]
+            extra = ["-n", str(n)] + kinds[kind][1]
             junit = os.path.join(tmp, f"n{n}-{kind}.xml")
             spans = os.path.join(tmp, f"spans-n{n}-{kind}")
             os.makedirs(spans)

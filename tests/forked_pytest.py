@@ -102,9 +102,8 @@ def child(request, fds):
         os.environ.update(request["env"])
         if len(fds) == 3:   # an xdist worker: its stdin is execnet's channel
             stdin, out, err = fds
-            null = None
         else:
-            stdin = null = os.open(os.devnull, os.O_RDONLY)
+            stdin = os.open(os.devnull, os.O_RDONLY)
             out, err = fds
         os.dup2(stdin, 0)
         os.dup2(out, 1)
@@ -278,24 +277,14 @@ class ForkedRun:
         return self.returncode
 
 
-def popen(module: str, args: list[str], cwd: str, env: dict, stdout, stderr) -> ForkedRun | None:
-    """`python -m module ARGS` forked from the starter, or None (the caller
-    starts a process itself)."""
-    global _starter
-    if not ENABLED or sys.platform != "linux" or not hasattr(os, "pidfd_open"):
-        return None
-    if _starter is None:
-        _starter = _Starter()
-    if not _starter.ready or _starter.proc.poll() is not None:
-        return None
+def ask(path: str, request: dict, fds: list[int]) -> ForkedRun | None:
+    """A run from the starter at path (its request, and the descriptors it
+    writes to: stdout and stderr, or stdin, stdout and stderr), or None
+    where the starter did not take it."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(_starter.path)
-        request = {"module": module, "args": [os.fspath(a) for a in args], "cwd": os.fspath(cwd),
-                   "env": dict(env)}
-        if WORKERS_ENABLED:
-            request["workers_client"] = WORKERS_CLIENT
-        socket.send_fds(conn, [json.dumps(request).encode()], [stdout.fileno(), stderr.fileno()])
+        conn.connect(path)
+        socket.send_fds(conn, [json.dumps(request).encode()], fds)
         line = b""
         while not line.endswith(b"\n"):
             part = conn.recv(4096)
@@ -311,6 +300,22 @@ def popen(module: str, args: list[str], cwd: str, env: dict, stdout, stderr) -> 
         conn.close()
         return None
     return ForkedRun(conn, answer["pid"])
+
+
+def popen(module: str, args: list[str], cwd: str, env: dict, stdout, stderr) -> ForkedRun | None:
+    """`python -m module ARGS` forked from the starter, or None (the caller
+    starts a process itself)."""
+    global _starter
+    if not ENABLED or sys.platform != "linux" or not hasattr(os, "pidfd_open"):
+        return None
+    if _starter is None:
+        _starter = _Starter()
+    if not _starter.ready or _starter.proc.poll() is not None:
+        return None
+    request = {"module": module, "args": [os.fspath(a) for a in args], "cwd": os.fspath(cwd), "env": dict(env)}
+    if WORKERS_ENABLED:
+        request["workers_client"] = WORKERS_CLIENT
+    return ask(_starter.path, request, [stdout.fileno(), stderr.fileno()])
 
 
 def run_captured(cmd: list[str], cwd, env: dict, timeout: float | None = None) -> subprocess.CompletedProcess:
