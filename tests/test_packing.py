@@ -296,10 +296,13 @@ class _Worker:
         self.shutting_down = True
 
 
-def play(workers: int, shares: list[float], capacity: int, context: int, seconds=2.0, starts=None, scheduler=None):
+def play(workers: int, shares: list[float], capacity: int, context: int, seconds=2.0, starts=None, scheduler=None,
+         ready=None, collections=None, config=None):
     """The real scheduler on a clock: each test holds its share for its
-    seconds from the moment the scheduler starts it.  Returns when the last
-    ended and the most held at once (contexts included)."""
+    seconds from the moment the scheduler starts it; worker i is ready and
+    has collected at ready[i] (default 0; collections[i] where given, else
+    the suite).  Returns when the last ended and the most held at once
+    (every worker's context included, started or not)."""
     import heapq
     import types
 
@@ -311,14 +314,16 @@ def play(workers: int, shares: list[float], capacity: int, context: int, seconds
                     context=context)
     clones = []   # xdist's replacement of a worker (the re-runs' worker where every worker has ended)
     dsession = types.SimpleNamespace(_clone_node=clones.append)
-    config = types.SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"],
-                                   pluginmanager=types.SimpleNamespace(getplugin=lambda name: dsession))
+    config = config or types.SimpleNamespace()
+    config.getvalue = lambda name: [f"{workers}*popen"]
+    config.pluginmanager = types.SimpleNamespace(getplugin=lambda name: dsession)
     sched = PackScheduling(config, plan)
     nodes = [_Worker(i) for i in range(workers)]
-    for node in nodes:
-        sched.add_node(node)
-        sched.add_node_collection(node, ids)
+    ready = ready or [0.0] * workers
     now, ends, running, most, done = 0.0, [], {}, 0, []
+    # (when, order, node, None): a worker ready and collected; (when, order, node, index): a test ended
+    for i, node in enumerate(nodes):
+        heapq.heappush(ends, (ready[i], -1, node.gateway.id, node, None))
 
     def note_starts():
         nonlocal most
@@ -327,16 +332,21 @@ def play(workers: int, shares: list[float], capacity: int, context: int, seconds
                 running[node] = index
                 if starts is not None:
                     starts.append((now, node.gateway.id, shares[index]))
-                heapq.heappush(ends, (now + (seconds[index] if isinstance(seconds, list) else seconds), node.gateway.id, node, index))
+                heapq.heappush(ends, (now + (seconds[index] if isinstance(seconds, list) else seconds), 0,
+                                      node.gateway.id, node, index))
         most = max(most, workers * context + sum(plan.footprint.get(ids[i], capacity) for i in running.values()))
 
-    sched.schedule()
-    note_starts()
     while ends:
-        now, _, node, index = heapq.heappop(ends)
-        del running[node]
-        done.append(index)
-        sched.mark_test_complete(node, index, 0.0)
+        now, _, _, node, index = heapq.heappop(ends)
+        if index is None:
+            sched.add_node(node)
+            sched.add_node_collection(node, collections[nodes.index(node)] if collections else ids)
+            if sched.collection_is_completed:
+                sched.schedule()   # (as xdist does after each worker's collection, once one has collected)
+        else:
+            del running[node]
+            done.append(index)
+            sched.mark_test_complete(node, index, 0.0)
         note_starts()
     assert sorted(done) == list(range(len(shares))) and sched.tests_finished and not clones
     return now, most
@@ -378,7 +388,7 @@ def test_short_tests_are_told_that_n_did_not_pay(inner):
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB", "--debug")
     result.assert_outcomes(passed=4)
     # --debug: the scheduler says what it decided, test by test
-    starts = [x for x in result.stderr.lines if x.startswith("[packsched] gw") and " starts test_quick.py::" in x]
+    starts = [x for x in result.stderr.lines if x.startswith("[packsched] +") and " starts test_quick.py::" in x]
     assert len(starts) == 4, result.stderr.str()[-3000:]
     line = next(x for x in result.stdout.lines if "-n did not pay here" in x)
     start, run, own = map(float, re.findall(r"\(([\d.]+) s\)", line))
@@ -404,3 +414,53 @@ def test_a_test_without_a_figure_has_the_device_to_itself():
     otherwise fit beside a test counted as the whole device."""
     wall, most = play(2, [None, 0.0], capacity=2**30, context=0)
     assert wall == 2 * 2.0
+
+
+def test_the_tests_start_when_the_first_worker_has_collected():
+    """Eight workers ready one after another, a second apart (xdist's
+    start): the tests start when the first has collected, not seven seconds
+    later when the last has; a later worker joins as its collection comes,
+    and the card keeps room for the context of each not started yet."""
+    shares = [0.30, 0.25, 0.20, 0.30, 0.05, 0.10, 0.30, 0.25, 0.15, 0.20, 0.30, 0.10, 0.25, 0.05, 0.15, 0.20]
+    capacity, context = 132 * 2**30, 856 * 2**20
+    starts = []
+    wall, most = play(8, [s * 141 / 132 for s in shares], capacity, context, starts=starts,
+                      ready=[float(i) for i in range(8)])
+    assert most <= capacity
+    assert min(t for t, _, _ in starts) == 0.0
+    assert {w for _, w, _ in starts} >= {"gw0", "gw1", "gw2", "gw3"}
+    assert wall < 7.0 + 4 * 2.0   # (waiting for the last worker: 7 s, then four rounds)
+    # a worker that comes later starts its first test when it comes, not before
+    first = {}
+    for t, w, _ in starts:
+        first.setdefault(w, t)
+    assert all(first[f"gw{i}"] >= i for i in range(8) if f"gw{i}" in first)
+
+
+def test_a_worker_that_collected_other_tests_is_an_error_and_runs_nothing():
+    """The first worker's collection is the one the tests are sent by: a
+    later worker that collected other tests is reported as a collection
+    error of the session (as xdist's own schedulers do) and shut down; the
+    other workers run every test (here the first: four tests on two
+    workers start when it has collected)."""
+    import types
+
+    reports = []
+    config = types.SimpleNamespace(hook=types.SimpleNamespace(pytest_collectreport=lambda report: reports.append(report)))
+    ids = [f"t.py::test[{i}]" for i in range(4)]
+    other = ids[:3] + ["t.py::test[other]"]
+    starts = []
+    play(2, [0.1] * 4, 2**30, 0, starts=starts, ready=[0.0, 0.5], collections=[ids, other], config=config)
+    assert "gw1" not in {w for _, w, _ in starts}
+    assert len(reports) == 1 and reports[0].failed and reports[0].nodeid == "gw1"
+    assert "t.py::test[other]" in str(reports[0].longrepr) and "gw0" in str(reports[0].longrepr)
+
+
+def test_with_fewer_than_two_tests_a_worker_the_tests_wait_for_every_worker():
+    """Three tests on two workers: the first worker to collect would take
+    two of them (its current and its next), so the tests start when both
+    have collected, one on each."""
+    starts = []
+    wall, _ = play(2, [0.1, 0.1, 0.1], 2**30, 0, starts=starts, ready=[0.0, 1.0])
+    assert sorted((t, w) for t, w, _ in starts)[:2] == [(1.0, "gw0"), (1.0, "gw1")]
+    assert wall == 1.0 + 2 * 2.0

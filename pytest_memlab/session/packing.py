@@ -6,6 +6,13 @@ device fits the device's capacity: every running test's footprint (its own
 peak plus its first use, from the baseline) plus what each worker keeps
 between tests (the bytes its earlier tests kept past their teardown).
 
+When the tests start.  xdist's own schedulers wait until every worker
+has collected; here the tests start once the first has (a worker's start,
+importing torch and making its CUDA context, is seconds, and eight start
+one beside the other), and each later worker joins as its collection
+comes, checked against the first's.  A worker not yet started counts its
+context on its device from the start, so the card keeps room for it.
+
 How a test starts.  An xdist worker runs the test at the head of its queue
 only once another test (or the shutdown) is queued behind it: pytest needs
 the next item to know which fixtures to tear down.  So a worker here holds
@@ -136,6 +143,19 @@ class PackStats:
     reruns: list = field(default_factory=list)          # (nodeid, why)
 
 
+class _Stamped:
+    """The scheduler's --debug log: each line with the seconds since the
+    session started (when the workers' start and the tests' came)."""
+
+    def __init__(self, log, since: float):
+        self.log, self.since = log, since
+        self.enabled = getattr(log, "enabled", True)
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            self.log(f"+{time.monotonic() - self.since:.2f}s {message}")
+
+
 class PackScheduling:
     """pytest-xdist's scheduler interface (as its LoadScheduling): nodes,
     collection_is_completed, tests_finished, has_pending, add_node,
@@ -146,9 +166,12 @@ class PackScheduling:
         from xdist.remote import Producer
         from xdist.workermanage import parse_tx_spec_config
 
+        self.config = config
         self.numnodes = len(parse_tx_spec_config(config))
         self.plan = plan
-        self.log = log.packsched if log is not None else Producer("packsched", enabled=False)
+        log = log.packsched if log is not None else Producer("packsched", enabled=False)
+        # --debug: each decision with the seconds since the session started
+        self.log = _Stamped(log, plan.made)
         self.kept = kept or (lambda nodeid, device: 0)   # bytes a finished test kept on a device
         self.node2collection: dict = {}
         self.node2pending: dict = {}                  # node -> [running (or next), next]
@@ -171,6 +194,11 @@ class PackScheduling:
         self.clone_worker = getattr(self.dsession, "_clone_node", None)
         self.cloning = False
         self.spec_node = None                          # a worker whose spec a new one copies
+        # the workers xdist starts with, until each is added (its context is
+        # counted on its device meanwhile) or has ended
+        self.to_come = {f"gw{i}" for i in range(self.numnodes)}
+        self.strays: set = set()                       # workers that collected other tests than the first: none run here
+        self.first: tuple[str, list] | None = None     # the first worker's id and collection: the one every worker must have
 
     # -- xdist's interface ----------------------------------------------------
     @property
@@ -179,7 +207,15 @@ class PackScheduling:
 
     @property
     def collection_is_completed(self) -> bool:
-        return len(self.node2collection) >= self.numnodes
+        """True once every worker has collected, or, for a suite of at
+        least two tests a worker, once the first has: the tests start then,
+        and each later worker joins as its collection comes (xdist calls
+        schedule again).  (A worker's next test is fixed when its current
+        one starts: with fewer tests, the first worker would take two that
+        two workers could run side by side.)"""
+        if self.first is None:
+            return False
+        return len(self.node2collection) >= self.numnodes or len(self.first[1]) >= 2 * self.numnodes
 
     @property
     def tests_finished(self) -> bool:
@@ -197,13 +233,19 @@ class PackScheduling:
         self.resident[node] = 0
         self.spec_node = node
         self.cloning = False
+        self.to_come.discard(node.gateway.id)
+        self.log(f"{node.gateway.id} ready")
 
     def add_node_collection(self, node, collection) -> None:
         assert node in self.node2pending
-        if self.collection_is_completed and self.collection is not None and list(collection) != self.collection:
-            self.log(f"{node.gateway.id} collected other tests than the first worker; it gets none")
+        collection = list(collection)
+        if self.first is None:
+            self.first = (node.gateway.id, collection)
+        elif collection != self.first[1]:
+            self._collection_differs(node, collection)
             return
-        self.node2collection[node] = list(collection)
+        self.node2collection[node] = collection
+        self.log(f"{node.gateway.id} collected {len(collection)} tests")
 
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         pending = self.node2pending[node]
@@ -242,13 +284,26 @@ class PackScheduling:
     def schedule(self) -> None:
         assert self.collection_is_completed
         if self.collection is None:
-            collections = list(self.node2collection.values())
-            if any(c != collections[0] for c in collections[1:]):
-                self.log("**Different tests collected, aborting run**")
-                return
-            self.collection = collections[0]
+            assert self.first is not None
+            self.collection = self.first[1]
             self.pending[:] = range(len(self.collection))
         self._fill()
+
+    def _collection_differs(self, node, collection) -> None:
+        """A worker that collected other tests than the first: an error of
+        the session, as under xdist's own schedulers (which find it before
+        any test runs); the worker runs nothing, the others go on."""
+        import pytest
+        from xdist.report import report_collection_diff
+
+        self.strays.add(node)
+        node.shutdown()
+        assert self.first is not None
+        msg = report_collection_diff(self.first[1], collection, self.first[0], node.gateway.id)
+        self.log(msg or f"{node.gateway.id} collected other tests than {self.first[0]}")
+        if msg and self.config is not None and hasattr(self.config, "hook"):
+            report = pytest.CollectReport(node.gateway.id, "failed", longrepr=msg, result=[])
+            self.config.hook.pytest_collectreport(report=report)
 
     # -- what memlab adds -----------------------------------------------------
     def rerun_alone(self, nodeid: str, why: str) -> bool:
@@ -274,11 +329,17 @@ class PackScheduling:
     def _running_on(self, device: str, leave_out=None) -> list:
         return [n for n in self.started if n is not leave_out and self.plan.device_of(n.gateway.id) == device]
 
+    def _to_come_on(self, device: str) -> int:
+        """The contexts of the workers not started yet that will use
+        device: kept free for them."""
+        return self.plan.context * sum(1 for w in self.to_come if self.plan.device_of(w) == device)
+
     def _in_use(self, device: str, leave_out=None) -> int:
         """The bytes planned in use on device: each worker's context and
-        what it keeps, and the footprint of the test it runs (a test
-        without a figure: the whole device)."""
-        used = 0
+        what it keeps (a worker not started yet: its context), and the
+        footprint of the test it runs (a test without a figure: the whole
+        device)."""
+        used = self._to_come_on(device)
         for node in self.node2pending:
             if node is leave_out or self.plan.device_of(node.gateway.id) != device:
                 continue
@@ -324,7 +385,7 @@ class PackScheduling:
         context and what it keeps, and the footprint of the last test queued
         on it (the one it runs after its current test, else the one it runs
         or waits to run; a test without a figure: the whole device)."""
-        used = 0
+        used = self._to_come_on(device)
         for node, queue in self.node2pending.items():
             if node is leave_out or self.plan.device_of(node.gateway.id) != device:
                 continue
@@ -364,7 +425,8 @@ class PackScheduling:
             self.stats.first_send = time.monotonic()
 
     def _live(self) -> list:
-        return [n for n in self.node2pending if not n.shutting_down]
+        """The workers that run tests or will (one still collecting too)."""
+        return [n for n in self.node2pending if not n.shutting_down and n not in self.strays]
 
     def _start(self, node) -> None:
         """The node's queued test starts: queue its next (a pending test, a
@@ -401,7 +463,7 @@ class PackScheduling:
         """Live nodes with nothing queued: a node that never got a test (a
         worker runs its first test only once a second is queued)."""
         return [n for n, queue in self.node2pending.items()
-                if n is not leave_out and not queue and not n.shutting_down]
+                if n is not leave_out and not queue and not n.shutting_down and n in self.node2collection]
 
     def _assign_idle(self) -> None:
         """Each idle node gets a test that fits beside what the others will
@@ -410,8 +472,8 @@ class PackScheduling:
         nothing left for it; one idle node stays while tests run: the
         re-runs' worker."""
         for node, queue in self.node2pending.items():
-            if node.shutting_down or queue:
-                continue
+            if node.shutting_down or queue or node not in self.node2collection:
+                continue   # (a worker still collecting joins when its collection comes)
             device = self.plan.device_of(node.gateway.id)
             busy = any(q for n, q in self.node2pending.items() if self.plan.device_of(n.gateway.id) == device)
             index = self._next_for(node, only_fitting=busy)
@@ -476,7 +538,7 @@ class PackScheduling:
             ratio = f" ({wall / s.test_time:.2f}x)" if s.test_time > 0 else ""
             lines.append(f"  wall {wall:.1f} s from the first test to the last, against {s.test_time:.1f} s "
                          f"of the tests' own time one after another{ratio}")
-            start = s.first_send - plan.made   # the workers' start: up to the first test (xdist waits for all)
+            start = s.first_send - plan.made   # the workers' start: up to the first test (the first worker's collection)
             if s.test_time > 0 and start + wall >= s.test_time:
                 lines.append(f"  -n did not pay here: the workers' start ({start:.1f} s) and the tests ({wall:.1f} s) "
                              f"took longer than the tests' own time one after another ({s.test_time:.1f} s); "
