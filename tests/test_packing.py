@@ -137,7 +137,7 @@ import time, pytest, torch
 @pytest.mark.parametrize("i", range(2))
 def test_holds(i):
     x = torch.ones(3 * 2**20, dtype=torch.uint8)
-    time.sleep(0.3)
+    time.sleep(0.2)
 
 @pytest.mark.parametrize("i", range(2))
 def test_skipped(i):
@@ -437,30 +437,67 @@ def test_the_tests_start_when_the_first_worker_has_collected():
     assert all(first[f"gw{i}"] >= i for i in range(8) if f"gw{i}" in first)
 
 
-def test_a_worker_that_collected_other_tests_is_an_error_and_runs_nothing():
+@pytest.mark.parametrize("workers", [2, 8])
+def test_a_worker_that_collected_other_tests_is_an_error_and_runs_nothing(workers):
     """The first worker's collection is the one the tests are sent by: a
     later worker that collected other tests is reported as a collection
     error of the session (as xdist's own schedulers do) and shut down; the
-    other workers run every test (here the first: four tests on two
-    workers start when it has collected)."""
+    other workers run every test (two workers: once the last has
+    collected; eight: from the first)."""
     import types
 
     reports = []
     config = types.SimpleNamespace(hook=types.SimpleNamespace(pytest_collectreport=lambda report: reports.append(report)))
-    ids = [f"t.py::test[{i}]" for i in range(4)]
-    other = ids[:3] + ["t.py::test[other]"]
+    ids = [f"t.py::test[{i}]" for i in range(2 * workers)]
+    other = ids[:-1] + ["t.py::test[other]"]
     starts = []
-    play(2, [0.1] * 4, 2**30, 0, starts=starts, ready=[0.0, 0.5], collections=[ids, other], config=config)
+    play(workers, [0.1] * len(ids), 2**30, 0, starts=starts, ready=[0.5 * i for i in range(workers)],
+         collections=[ids, other] + [ids] * (workers - 2), config=config)
     assert "gw1" not in {w for _, w, _ in starts}
     assert len(reports) == 1 and reports[0].failed and reports[0].nodeid == "gw1"
     assert "t.py::test[other]" in str(reports[0].longrepr) and "gw0" in str(reports[0].longrepr)
 
 
-def test_with_fewer_than_two_tests_a_worker_the_tests_wait_for_every_worker():
-    """Three tests on two workers: the first worker to collect would take
-    two of them (its current and its next), so the tests start when both
-    have collected, one on each."""
+@pytest.mark.parametrize("workers, tests", [(2, 8), (4, 8), (8, 15)])
+def test_with_few_workers_or_tests_the_tests_wait_for_every_worker(workers, tests):
+    """Up to four workers, or fewer than two tests a worker: the first
+    worker to collect would take two tests (its current and its next)
+    that two workers might have run side by side, so the tests start when
+    every worker has collected."""
     starts = []
-    wall, _ = play(2, [0.1, 0.1, 0.1], 2**30, 0, starts=starts, ready=[0.0, 1.0])
-    assert sorted((t, w) for t, w, _ in starts)[:2] == [(1.0, "gw0"), (1.0, "gw1")]
-    assert wall == 1.0 + 2 * 2.0
+    play(workers, [0.01] * tests, 2**30, 0, starts=starts, ready=[0.5 * i for i in range(workers)])
+    assert min(t for t, _, _ in starts) == 0.5 * (workers - 1)
+
+
+def test_six_workers_join_as_they_collect_and_a_different_collection_is_an_error(inner, monkeypatch):
+    """Real xdist, six workers (the tests start when the first has
+    collected): the workers join as they collect and the twelve tests pass;
+    then one worker collects a test the others do not, which is a
+    collection error of the session, named as xdist names it, and no test
+    fails."""
+    inner.makepyfile(test_quick="""
+import os, time
+import pytest
+
+@pytest.mark.parametrize("i", range(12))
+def test_quick(i):
+    time.sleep(0.2)
+
+if os.environ.get("ODD_WORKER", "-") == os.environ.get("PYTEST_XDIST_WORKER"):
+    def test_only_here():
+        pass
+""")
+    inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline").assert_outcomes(passed=12)
+    args = ("-n", "6", "--memlab-pack", "--memlab-pack-capacity=10MiB", "--memlab-baseline=bl.json")
+    result = inner.runpytest_subprocess(*args, "--debug")
+    result.assert_outcomes(passed=12)
+    err = result.stderr.str()
+    collected = re.findall(r"\[packsched\] \+[\d.]+s (gw\d) collected 12 tests", err)
+    ran = re.findall(r"\[packsched\] \+[\d.]+s (gw\d) starts test_quick.py::", err)
+    assert len(ran) == 12 and len(set(ran)) >= 2 and set(ran) <= set(collected), err[-3000:]
+
+    monkeypatch.setenv("ODD_WORKER", "gw3")
+    result = inner.runpytest_subprocess(*args)
+    out = result.stdout.str()
+    assert result.ret != 0 and "Different tests were collected between" in out, out
+    assert "failed" not in result.parseoutcomes(), out

@@ -7,10 +7,10 @@ peak plus its first use, from the baseline) plus what each worker keeps
 between tests (the bytes its earlier tests kept past their teardown).
 
 When the tests start.  xdist's own schedulers wait until every worker
-has collected; here the tests start once the first has (a worker's start,
-importing torch and making its CUDA context, is seconds, and eight start
-one beside the other), and each later worker joins as its collection
-comes, checked against the first's.  A worker not yet started counts its
+has collected; here, with more than four workers and at least two tests
+a worker, the tests start once the first has (a worker's start, importing
+torch, is seconds, and eight start one beside the other), and each later
+worker joins as its collection comes, checked against the first's.  A worker not yet started counts its
 context on its device from the start, so the card keeps room for it.
 
 How a test starts.  An xdist worker runs the test at the head of its queue
@@ -52,6 +52,14 @@ CONTEXT_BYTES = 600 * 2**20   # a CUDA context with cuBLAS's workspace, as this 
 # unreleased (counted in each worker's allowance): giving back less than
 # this after every test costs a driver call per block for nothing.
 KEPT_CACHE_BYTES = 256 * 2**20
+# The tests start when the first worker has collected (not the last) only
+# with more workers than this: the first and the last collected 0.25 s apart
+# at -n 4 and 1.7 s apart at -n 8 (H200 host, torch imported in each).  A
+# worker's next test is fixed when its current one starts, so the first
+# worker takes two tests that two workers might have run side by side, and
+# which tests pair up then depends on when the others come: at -n 2 to 4
+# that costs more than it saves.  (And at least two tests a worker.)
+EARLY_START_WORKERS = 4
 
 
 def gpu_free_memory() -> dict[str, int]:
@@ -207,15 +215,15 @@ class PackScheduling:
 
     @property
     def collection_is_completed(self) -> bool:
-        """True once every worker has collected, or, for a suite of at
-        least two tests a worker, once the first has: the tests start then,
-        and each later worker joins as its collection comes (xdist calls
-        schedule again).  (A worker's next test is fixed when its current
-        one starts: with fewer tests, the first worker would take two that
-        two workers could run side by side.)"""
+        """True once every worker has collected, or, with more than
+        EARLY_START_WORKERS workers and at least two tests a worker, once
+        the first has: the tests start then, and each later worker joins as
+        its collection comes (xdist calls schedule again)."""
         if self.first is None:
             return False
-        return len(self.node2collection) >= self.numnodes or len(self.first[1]) >= 2 * self.numnodes
+        if len(self.node2collection) + len(self.strays) >= self.numnodes:
+            return True
+        return self.numnodes > EARLY_START_WORKERS and len(self.first[1]) >= 2 * self.numnodes
 
     @property
     def tests_finished(self) -> bool:
