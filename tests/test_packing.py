@@ -501,3 +501,41 @@ if os.environ.get("ODD_WORKER", "-") == os.environ.get("PYTEST_XDIST_WORKER"):
     out = result.stdout.str()
     assert result.ret != 0 and "Different tests were collected between" in out, out
     assert "failed" not in result.parseoutcomes(), out
+
+
+def test_small_tests_are_queued_ahead_and_large_ones_are_not():
+    """A suite whose largest test fits on the card once per worker cannot
+    run short of memory: each worker gets up to four tests queued (it
+    runs the next as soon as its current one ends, no round trip to the
+    controller between two tests), fewer near the end for balance.  Where
+    the largest tests could overfill the card together, a worker holds two
+    at most and each test's start is the scheduler's."""
+    import types
+
+    from pytest_memlab.session.packing import PackPlan, PackScheduling
+
+    def queues(shares, workers=4):
+        ids = [f"t.py::test[{i}]" for i in range(len(shares))]
+        plan = PackPlan("cuda", {"0": 100 * MiB}, {n: int(s * 100 * MiB) for n, s in zip(ids, shares)},
+                        context=MiB)
+        config = types.SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"],
+                                       pluginmanager=types.SimpleNamespace(getplugin=lambda name: None))
+        sched = PackScheduling(config, plan)
+        nodes = [_Worker(i) for i in range(workers)]
+        for node in nodes:
+            sched.add_node(node)
+            sched.add_node_collection(node, ids)
+        sched.schedule()
+        depths = [len(sched.node2pending[n]) for n in nodes]
+        # the ends: each worker's first test done, in turn
+        for node in nodes:
+            sched.mark_test_complete(node, sched.node2pending[node][0], 0.0)
+        return depths, [len(sched.node2pending[n]) for n in nodes], sched
+
+    depths, after, sched = queues([0.05] * 40)
+    assert depths == [4, 4, 4, 4] and after == [4, 4, 4, 4]
+    assert all(node in sched.started for node in sched.node2pending)   # each runs the next one, unasked
+    depths, _, _ = queues([0.05] * 6)
+    assert max(depths) <= 3   # few left: shallow queues, so that no worker is left idle while another has three
+    depths, after, _ = queues([0.30, 0.05] * 20)
+    assert max(depths + after) <= 2

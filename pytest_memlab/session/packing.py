@@ -52,6 +52,11 @@ CONTEXT_BYTES = 600 * 2**20   # a CUDA context with cuBLAS's workspace, as this 
 # unreleased (counted in each worker's allowance): giving back less than
 # this after every test costs a driver call per block for nothing.
 KEPT_CACHE_BYTES = 256 * 2**20
+# How many tests a worker may have queued at most (the one it runs
+# included) where memory allows (PackScheduling._ahead): with three, it runs
+# its next test as soon as its current one ends, without waiting for the
+# controller to queue another (xdist's own schedulers queue several too).
+AHEAD = 4
 # The tests start when the first worker has collected (not the last) only
 # with more workers than this: the first and the last collected 0.25 s apart
 # at -n 4 and 1.7 s apart at -n 8 (H200 host, torch imported in each).  A
@@ -207,6 +212,7 @@ class PackScheduling:
         self.to_come = {f"gw{i}" for i in range(self.numnodes)}
         self.strays: set = set()                       # workers that collected other tests than the first: none run here
         self.first: tuple[str, list] | None = None     # the first worker's id and collection: the one every worker must have
+        self.largest = 0                               # the suite's largest footprint (known when scheduling begins)
 
     # -- xdist's interface ----------------------------------------------------
     @property
@@ -265,6 +271,11 @@ class PackScheduling:
         self.stats.last_done = time.monotonic()
         assert self.collection is not None
         self.resident[node] += max(0, self.kept(self.collection[item_index], self.plan.kind))
+        if len(pending) >= 2 or (pending and node.shutting_down):
+            self._began(node)   # (the worker started its next test itself: one was queued behind it)
+            if self.log.enabled:
+                self.log(f"{node.gateway.id} starts {self.collection[pending[0]]} ({self._mib(pending[0])}; "
+                         f"queued ahead)")
         self._fill()
 
     def mark_test_pending(self, item: str) -> None:
@@ -295,6 +306,8 @@ class PackScheduling:
             assert self.first is not None
             self.collection = self.first[1]
             self.pending[:] = range(len(self.collection))
+            # the largest footprint of the suite (those without a figure never go ahead)
+            self.largest = max((n for n in map(self.footprint, self.pending) if n is not None), default=0)
         self._fill()
 
     def _collection_differs(self, node, collection) -> None:
@@ -342,19 +355,37 @@ class PackScheduling:
         device: kept free for them."""
         return self.plan.context * sum(1 for w in self.to_come if self.plan.device_of(w) == device)
 
+    def _approved(self, node) -> list:
+        """The tests node may run without asking again: the one it runs and
+        each queued with another behind it (a worker runs the head of its
+        queue once a test or the shutdown follows it)."""
+        queue = self.node2pending.get(node, [])
+        approved = list(queue) if node.shutting_down else queue[:-1]
+        if node in self.started and self.started[node] not in approved:
+            approved.append(self.started[node])
+        return approved
+
+    def _held_by(self, node) -> int:
+        """The most node may hold of its approved tests (they run one after
+        another; a test without a figure: the whole device)."""
+        held = 0
+        for index in self._approved(node):
+            need = self.footprint(index)
+            if need is None:
+                return self.plan.capacity[self.plan.device_of(node.gateway.id)]
+            held = max(held, need)
+        return held
+
     def _in_use(self, device: str, leave_out=None) -> int:
         """The bytes planned in use on device: each worker's context and
         what it keeps (a worker not started yet: its context), and the
-        footprint of the test it runs (a test without a figure: the whole
-        device)."""
+        most it may hold of the tests it runs or may run without asking
+        (_held_by)."""
         used = self._to_come_on(device)
         for node in self.node2pending:
             if node is leave_out or self.plan.device_of(node.gateway.id) != device:
                 continue
-            used += self.plan.context + self.resident.get(node, 0)
-            if node in self.started:
-                need = self.footprint(self.started[node])
-                used += self.plan.capacity[device] if need is None else need
+            used += self.plan.context + self.resident.get(node, 0) + self._held_by(node)
         return used
 
     def _fits(self, node, index: int, reserve: int = 0) -> bool:
@@ -398,9 +429,9 @@ class PackScheduling:
             if node is leave_out or self.plan.device_of(node.gateway.id) != device:
                 continue
             used += self.plan.context + self.resident.get(node, 0)
-            if queue:
-                need = self.footprint(queue[-1])
-                used += self.plan.capacity[device] if need is None else need
+            if queue:   # (queued ahead: the most of what follows the one it runs)
+                needs = [self.footprint(i) for i in (queue[1:] or queue)]
+                used += self.plan.capacity[device] if None in needs else max(needs)
         return used
 
     def _next_for(self, node, only_fitting: bool = False) -> int | None:
@@ -441,13 +472,7 @@ class PackScheduling:
         re-run where this is the last live node), or shut the node down."""
         index = self.node2pending[node][0]
         device = self.plan.device_of(node.gateway.id)
-        beside = self._running_on(device, leave_out=node)
-        if beside:
-            self.beside.add(index)
-            self.beside.update(self.started[n] for n in beside)
-        self.started[node] = index
-        if self.footprint(index) is None and index not in self.rerun:
-            self.stats.alone += 1
+        self._began(node)
         # what fits now goes to idle workers first: it starts now there, not
         # after this test
         self._assign_idle()
@@ -462,10 +487,68 @@ class PackScheduling:
             self._send(node, follow)
         else:
             node.shutdown()
-        if self.footprint(index) is not None:   # (one without a figure runs alone: it counts as the device)
+        self._note_peak(device)
+
+    def _began(self, node) -> None:
+        """The head of node's queue starts (sent its follow here, or started
+        by the worker itself behind a test it ended)."""
+        index = self.node2pending[node][0]
+        device = self.plan.device_of(node.gateway.id)
+        beside = self._running_on(device, leave_out=node)
+        if beside:
+            self.beside.add(index)
+            self.beside.update(self.started[n] for n in beside)
+        self.started[node] = index
+        if self.footprint(index) is None and index not in self.rerun:
+            self.stats.alone += 1
+
+    def _note_peak(self, device: str) -> None:
+        if not any(self.footprint(self.started[n]) is None for n in self._running_on(device)):
+            # (one without a figure runs alone: it counts as the device)
             used = self._in_use(device)
             if used > self.stats.planned_peak.get(device, 0):
                 self.stats.planned_peak[device] = used
+
+    def _ahead(self, node) -> bool:
+        """Queue one more test on node, behind the one it runs next, where
+        that one may then run without asking (the worker runs it as soon as
+        its current test ends: no round trip to the controller between two
+        tests).  Only where memory cannot run short on the device: every
+        worker there could hold the suite's largest test at once (a suite
+        of small tests; where it could run short, each test's start stays
+        the scheduler's, which a deeper queue would take from it); and
+        while no test waits for room or runs alone there, every test
+        involved has a figure, and enough tests are left that a deeper
+        queue costs no balance."""
+        queue = self.node2pending[node]
+        live = self._live()
+        depth = 2 + min(AHEAD - 2, len(self.pending) // max(1, len(live)))
+        if node.shutting_down or node not in self.started or not 2 <= len(queue) < depth or self.alone_at_end:
+            return False
+        device = self.plan.device_of(node.gateway.id)
+        if any(self.plan.device_of(n.gateway.id) == device for n in self.waiting):
+            return False
+        on_device = [n for n in self.node2pending if self.plan.device_of(n.gateway.id) == device]
+        workers = len(on_device) + len(self.to_come)
+        worst = self._to_come_on(device) + workers * self.largest \
+            + sum(self.plan.context + self.resident.get(n, 0) for n in on_device)
+        if worst > self.plan.capacity[device]:
+            return False
+        needs = [self.footprint(i) for i in queue]
+        if None in needs or any(self.footprint(self.started[n]) is None for n in self._running_on(device)):
+            return False
+        mine = self.plan.context + self.resident.get(node, 0) + max(needs)
+        if self._in_use(device, leave_out=node) + mine > self.plan.capacity[device]:
+            return False
+        index = self._next_for(node, only_fitting=True)
+        if index is None:
+            return False
+        if self.log.enabled:
+            self.log(f"{node.gateway.id} queues {self.collection[index]} ({self._mib(index)}) behind "
+                     f"{len(queue)}: may hold {max(needs) >> 20} MiB")
+        self._send(node, index)
+        self._note_peak(device)
+        return True
 
     def _idle(self, leave_out=None) -> list:
         """Live nodes with nothing queued: a node that never got a test (a
@@ -524,6 +607,9 @@ class PackScheduling:
                     break   # the order changed: judge the waiting again
                 self.stats.waited.add(queue[0])
                 self.waiting.setdefault(node, next(self.ticks))
+        for node in list(self.node2pending):
+            while self._ahead(node):
+                pass
         stopping = getattr(self.dsession, "shuttingdown", False) or getattr(self.dsession, "shouldstop", False)
         if self.alone_at_end and not self._live() and not self.cloning and self.clone_worker is not None \
                 and not stopping:   # (-x, --maxfail: xdist is stopping its workers; a new one would never stop)
