@@ -102,7 +102,7 @@ def test_packed_tests_never_overfill_the_capacity(inner, made_once):
     planned = re.search(r"at most ([\d.]+) MiB in use at once", line)
     assert planned and 6.0 <= float(planned.group(1)) <= 10.0, line
     assert "0 ran alone" in line
-    assert re.search(r"wall [\d.]+ s from the first test to the last, against [\d.]+ s of the tests' own time", out)
+    assert re.search(r"wall [\d.]+ s from the first test to the last, against [\d.]+ s of the tests' durations here added up", out)
 
 
 def test_a_test_without_a_figure_runs_alone(inner, made_once):
@@ -539,3 +539,20 @@ def test_small_tests_are_queued_ahead_and_large_ones_are_not():
     assert max(depths) <= 3   # few left: shallow queues, so that no worker is left idle while another has three
     depths, after, _ = queues([0.30, 0.05] * 20)
     assert max(depths + after) <= 2
+
+
+def test_the_wall_is_compared_with_the_last_serial_run(pytester):
+    """The serial run that writes the baseline keeps each test's seconds in
+    pytest's cache; a packed run's summary compares its wall with those
+    (side by side, a test can take longer than alone, so the durations
+    of a parallel run, added up, are not the serial time)."""
+    pytester.makeini("[pytest]\naddopts = -p no:randomly\n")
+    pytester.makepyfile(test_slow="import time, pytest\n\n@pytest.mark.parametrize('i', range(4))\n"
+                                  "def test_slow(i):\n    time.sleep(0.3)\n")
+    pytester.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline").assert_outcomes(passed=4)
+    result = pytester.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=10MiB",
+                                           "--memlab-baseline=bl.json")
+    result.assert_outcomes(passed=4)
+    line = next(x for x in result.stdout.lines if x.strip().startswith("wall "))
+    found = re.search(r"against ([\d.]+) s of these tests one after another in the last serial run", line)
+    assert found and 1.2 <= float(found.group(1)) <= 4.0, line

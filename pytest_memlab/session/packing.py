@@ -130,6 +130,7 @@ class PackPlan:
     footprint: dict[str, int]                    # nodeid -> bytes
     context: int = 0                             # what a worker holds on its device before any test
     worker_devices: dict[str, str] = field(default_factory=dict)   # "gw0" -> device, where pinned
+    serial: dict[str, float] = field(default_factory=dict)         # nodeid -> seconds, in the last serial run
     made: float = field(default_factory=time.monotonic)            # when the session started (the plan is made then)
 
     def device_of(self, worker: str) -> str:
@@ -629,14 +630,21 @@ class PackScheduling:
                  f"{len(s.waited)} waited for room, {s.alone} ran alone (no figure in the baseline)"]
         if s.first_send is not None and s.last_done is not None:
             wall = s.last_done - s.first_send
-            ratio = f" ({wall / s.test_time:.2f}x)" if s.test_time > 0 else ""
-            lines.append(f"  wall {wall:.1f} s from the first test to the last, against {s.test_time:.1f} s "
-                         f"of the tests' own time one after another{ratio}")
+            # the tests one after another: in the last serial run, where it ran
+            # each of them (side by side, a test can take longer than alone)
+            serial = None
+            if self.collection is not None and all(n in plan.serial for n in self.collection):
+                serial = sum(plan.serial[n] for n in self.collection)
+            if serial:
+                alone, what = serial, "these tests one after another in the last serial run"
+            else:
+                alone, what = s.test_time, "the tests' durations here added up"
+            ratio = f" ({wall / alone:.2f}x)" if alone > 0 else ""
+            lines.append(f"  wall {wall:.1f} s from the first test to the last, against {alone:.1f} s of {what}{ratio}")
             start = s.first_send - plan.made   # the workers' start: up to the first test (the first worker's collection)
-            if s.test_time > 0 and start + wall >= s.test_time:
+            if alone > 0 and start + wall >= alone:
                 lines.append(f"  -n did not pay here: the workers' start ({start:.1f} s) and the tests ({wall:.1f} s) "
-                             f"took longer than the tests' own time one after another ({s.test_time:.1f} s); "
-                             "run these tests without -n")
+                             f"took longer than {what} ({alone:.1f} s); run these tests without -n")
         for nodeid, why in s.reruns:
             lines.append(f"  re-run alone at the end: {nodeid} ran out of memory beside other tests ({why}); "
                          "the re-run's outcome stands")
@@ -644,6 +652,7 @@ class PackScheduling:
 
 
 CACHE_KEY = "memlab/pack-footprints"   # pytest's cache: footprints measured by runs, for tests not in the baseline
+DURATIONS_KEY = "memlab/serial-durations"   # pytest's cache: each test's seconds in the last serial run that measured it
 
 
 def make_plan(config, options, baseline) -> PackPlan:
@@ -665,12 +674,14 @@ def make_plan(config, options, baseline) -> PackPlan:
             for nodeid, n in measured.items():
                 if isinstance(n, int) and n >= 0:
                     footprint[nodeid] = max(n, footprint.get(nodeid, 0))
+    serial = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
+    serial = {k: v for k, v in serial.items() if isinstance(v, (int, float))} if isinstance(serial, dict) else {}
     if kind == "cpu":
         if options.pack_capacity is None:
             raise pytest.UsageError(
                 "--memlab-pack: no GPU here, and the CPU has no capacity of its own to pack by: "
                 "give one with --memlab-pack-capacity=SIZE (for example 8GiB)")
-        return PackPlan("cpu", {"cpu": options.pack_capacity}, footprint)
+        return PackPlan("cpu", {"cpu": options.pack_capacity}, footprint, serial=serial)
     if options.pack_capacity is not None:
         cap = {gpu: options.pack_capacity for gpu in free}
     else:
@@ -680,7 +691,8 @@ def make_plan(config, options, baseline) -> PackPlan:
         gpus = worker_gpus(f"gw{i}")
         if gpus:
             workers[f"gw{i}"] = gpus[0]
-    return PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES + KEPT_CACHE_BYTES, worker_devices=workers)
+    return PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES + KEPT_CACHE_BYTES, worker_devices=workers,
+                    serial=serial)
 
 
 def remember_footprints(config, results: dict, kinds=("cpu", "cuda")) -> None:
@@ -705,6 +717,21 @@ def remember_footprints(config, results: dict, kinds=("cpu", "cuda")) -> None:
                 held = max(held, held_at_once(device.peak, device.first_use))
             known[nodeid] = held
         cache.set(key, known)
+
+
+def remember_serial_durations(config, durations: dict[str, float]) -> None:
+    """Each test's seconds (setup, call and teardown) in this serial run,
+    kept in pytest's cache: what a packed run's summary compares its wall
+    with (tests side by side can each take longer than alone, so their
+    durations there, added up, are not the serial time)."""
+    cache = getattr(config, "cache", None)
+    if cache is None or not durations:
+        return
+    known = cache.get(DURATIONS_KEY, {})
+    if not isinstance(known, dict):
+        known = {}
+    known.update({k: round(v, 4) for k, v in durations.items()})
+    cache.set(DURATIONS_KEY, known)
 
 
 def set_aside_for_rerun(packing: PackScheduling, report) -> None:

@@ -32,7 +32,7 @@ from ..reports.results import TestResult, compact, decode
 from ..reports.terminal import baseline_summary, summary
 from ..sizes import plural
 from .gpu_pinning import plan_gpus
-from .packing import PackPlan, PackScheduling, make_plan, remember_footprints
+from .packing import PackPlan, PackScheduling, make_plan, remember_footprints, remember_serial_durations
 from .ranks import RankSide, default_folder, rank_environment
 from .xdist_controller import ControllerSide
 from .xdist_worker import WorkerSide
@@ -44,6 +44,7 @@ class MemlabSession:
         self.options = options
         self.results: dict[str, TestResult] = {}
         self._outcomes: dict[str, str] = {}
+        self._durations: dict[str, float] = {}   # nodeid -> seconds, its phases added up (a serial run's: kept for packing)
         self._made: dict[str, TestResult] = {}   # this process's own results, spared decoding
         self.backend = ""
         self.built_note = ""                      # this process built the torch bridge: where, how long
@@ -183,6 +184,7 @@ class MemlabSession:
     def record(self, report) -> None:
         """A test's report: the call's outcome, then the result with teardown's."""
         when = report.when
+        self._durations[report.nodeid] = self._durations.get(report.nodeid, 0.0) + (report.duration or 0.0)
         if when == "call":
             self._outcomes[report.nodeid] = report.outcome
             return
@@ -242,6 +244,9 @@ class MemlabSession:
             # too, which the baseline does not keep), for the next packed run
             try:
                 remember_footprints(self.config, self.results)
+                if not getattr(self.config.option, "numprocesses", None) and not self.controller.workers:
+                    # a serial run: its durations are the tests' own, one after another
+                    remember_serial_durations(self.config, self._durations)
             except Exception as exc:   # pytest's cache unwritable: said, never the session's end
                 self.notes.append(f"pytest-memlab: the footprints were not kept for --memlab-pack: {exc}")
         if self.baseline is not None:
