@@ -565,3 +565,47 @@ def test_collects():
     assert "MemlabLeakWarning" not in result.stdout.str()
     tests = json.loads((inner.path / "r.json").read_text())["tests"]
     assert [d["leaked"] for t in tests for d in t["devices"].values()] == [0, 0]
+
+
+def test_the_end_finds_what_modules_hold_without_walking_the_heap(monkeypatch):
+    """The end's search looks below modules' globals first: tensors a
+    module's list or dict holds are proven held and named as the heap's
+    search names them; a block no module reaches sends the end to the
+    heap's search (None); a global whose class warns when read is not
+    read (the search would otherwise print a warning in the user's run)."""
+    import sys
+    import types
+    import warnings
+
+    import torch
+
+    from pytest_memlab.measuring import leak_search
+
+    def block(t):
+        storage = t.untyped_storage()
+        return (storage.data_ptr(), storage.nbytes(), None, 0)
+
+    class Warns:
+        @property
+        def __class__(self):
+            warnings.warn("deprecated", FutureWarning)
+            return Warns
+
+    held, cached, alone = torch.ones(3), torch.ones(5), torch.ones(7)
+    module = types.ModuleType("memlab_fake_holder")
+    module.HELD = [held]
+    module.CACHE = {("float32", 5): cached}
+    module.OLD = Warns()
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    starts = sorted([block(held), block(cached)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tensors, named = leak_search._held_from_modules(torch, "cpu", starts, [s[0] for s in starts])
+    assert sorted(id(t) for _, _, t in tensors) == sorted([id(held), id(cached)])
+    assert named[id(held)] == ["module memlab_fake_holder, global HELD[0]"]
+    assert named[id(cached)] == ["module memlab_fake_holder, global CACHE[<tuple>]"]
+    # the heap's search names them alike
+    paths = leak_search.holders_of([held, cached], set(), deadline=float("inf"), limit=1)
+    assert paths[id(held)] == named[id(held)] and paths[id(cached)] == named[id(cached)]
+    starts = sorted([block(held), block(alone)])
+    assert leak_search._held_from_modules(torch, "cpu", starts, [s[0] for s in starts]) is None

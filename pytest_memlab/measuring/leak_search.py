@@ -41,6 +41,12 @@ from ..sizes import format_size
 # path five levels deep; only a test that leaks pays it.
 HOLDER_SECONDS = 3.0
 HOLDER_DEPTH = 12         # references between a tensor and its root
+# The end's search from the modules first (_held_from_modules): module
+# globals and the built-in containers below them, this deep, at most this
+# many objects looked at (a million-object heap's walk and index cost about
+# 0.35 s; a suite's caches and true leaks sit a step or two below a global).
+MODULE_DEPTH = 3
+MODULE_VISITS = 300_000
 
 
 def settle(core, devices) -> None:
@@ -218,10 +224,18 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     # for, and the storage is held where any of them is
     found: dict[int, tuple] = {}
     grads: dict[int, object] = {}
-    # One snapshot of the heap for the tensors and the holder search (each
-    # gc.get_objects() of a large heap costs about 60 ms)
-    heap = heap_objects()
-    tensors = _live_tensors(torch, device, grads, heap) if torch is not None else []
+    quick = _held_from_modules(torch, device, starts, addrs) if proof and torch is not None else None
+    if quick is not None:
+        # every block is held by a tensor a module's globals reach: proven
+        # held, each named by that path, without a walk of the heap
+        tensors, named = quick
+        proven = {id(t) for _, _, t in tensors}
+        heap = None
+    else:
+        # One snapshot of the heap for the tensors and the holder search (each
+        # gc.get_objects() of a large heap costs about 60 ms)
+        heap = heap_objects()
+        tensors = _live_tensors(torch, device, grads, heap) if torch is not None else []
     for ptr, nbytes, tensor in tensors:
         i = bisect.bisect_right(addrs, ptr) - 1
         if i < 0:
@@ -239,12 +253,13 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
         | {id(v) for v in found.values()} | {id(v[1]) for v in found.values()} | set(ignore_ids)
     released: dict[int, int] = {}   # block addr -> bytes of excused tensors
-    # A batch names one holder per tensor: each further path costs the search
-    # a walk of the whole heap per level, for every tensor at once.
-    proven: set[int] | None = set() if proof else None
-    named = holders_of([t for _, same in found.values() for t in same], ignore, deadline, grads,
-                       limit=1 if deferred else 2, proven=proven, params=params, heap=heap)
-    del heap
+    if heap is not None:
+        # A batch names one holder per tensor: each further path costs the search
+        # a walk of the whole heap per level, for every tensor at once.
+        proven: set[int] | None = set() if proof else None
+        named = holders_of([t for _, same in found.values() for t in same], ignore, deadline, grads,
+                           limit=1 if deferred else 2, proven=proven, params=params, heap=heap)
+        del heap
     if proven is not None and any(all(id(t) not in proven and id(t) not in excused for t in same)
                                   for _, same in found.values()):
         return None   # a storage perhaps only garbage keeps: the process must be settled first
@@ -292,6 +307,99 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         leak.sites = sorted((s for s in sites.values() if s.bytes > 0), key=lambda s: -s.bytes)
         leak.outside_sites = sorted((s for s in sites.values() if s.outside > 0), key=lambda s: -s.outside)
     return leaks
+
+
+def _held_from_modules(torch, device: str, starts: list, addrs: list) -> tuple[list, dict] | None:
+    """The tensors in the blocks starts (sorted (addr, size, ...), addrs
+    their addresses) that modules' globals reach through built-in
+    containers (dict, list, tuple, deque, set), breadth first, the smaller
+    containers of a level first, MODULE_DEPTH deep and MODULE_VISITS
+    objects at most: ([(ptr, nbytes, tensor)], id(tensor) -> [its path]),
+    where every block has such a tensor; else None (the heap is searched).
+    A module is held by sys.modules, so what its globals reach is no
+    garbage: each such block is proven held, and the path names it as
+    holders_of would ("module m, global name[key]").  Objects are told by
+    their type alone (no isinstance: a deprecated global warns when its
+    class is read), and a path is written only for a tensor found."""
+    Tensor = torch.Tensor
+    want_cuda = device != CPU
+    index = cuda_index(device) if want_cuda else None
+    left = {addr for addr, _, _, _ in starts}
+    found: dict[int, tuple] = {}   # id(tensor) -> (ptr, nbytes, tensor, link)
+    tensor_type: dict[type, bool] = {}
+    containers = (dict, list, tuple, deque, set, frozenset)
+    seen: set[int] = set()
+
+    def path(link) -> str:
+        steps = []
+        while link[0] is not None:   # (parent link, how its container refers to this)
+            link, step = link
+            steps.append(step if isinstance(step, str) else f"[{step}]" if isinstance(step, int)
+                         else f"[{_key_text(step[0])}]")
+        module, key = link[1]
+        return f"module {module}, global {_named(f'[{_key_text(key)}]' + ''.join(reversed(steps)))}"
+
+    # (object, link): a link is (None, (module name, global's name)) or
+    # (parent link, step): an int index, (key,) of a dict, " (member)" of a set
+    level = (item for name, module in list(sys.modules.items())
+             for item in _globals_of(name, module, seen))
+    visits = 0
+    for depth in range(MODULE_DEPTH):
+        below: list = []
+        for obj, link in level:
+            visits += 1
+            if visits > MODULE_VISITS:
+                return None
+            kind = type(obj)
+            is_tensor = tensor_type.get(kind)
+            if is_tensor is None:
+                is_tensor = tensor_type[kind] = Tensor in kind.__mro__
+            if is_tensor:
+                if id(obj) in found:
+                    continue
+                try:
+                    dev = obj.device
+                    if (dev.type == "cuda") != want_cuda or (want_cuda and dev.index != index):
+                        continue
+                    storage = obj.untyped_storage()
+                    ptr, nbytes = storage.data_ptr(), storage.nbytes()
+                except Exception:   # no storage of its own
+                    continue
+                i = bisect.bisect_right(addrs, ptr) - 1
+                if i < 0 or ptr >= starts[i][0] + starts[i][1]:
+                    continue
+                found[id(obj)] = (ptr, nbytes, obj, link)
+                left.discard(starts[i][0])
+                if not left:
+                    return ([(p, n, t) for p, n, t, _ in found.values()],
+                            {k: [path(v[3])] for k, v in found.items()})
+                continue
+            if depth + 1 < MODULE_DEPTH and kind in containers and id(obj) not in seen:
+                seen.add(id(obj))
+                below.append((len(obj), obj, link))
+        below.sort(key=lambda entry: entry[0])   # the small containers first: a cache, a list of leaks
+        level = (item for _, obj, link in below for item in _items_of(obj, link))
+    return None
+
+
+def _globals_of(name: str, module, seen: set):
+    values = getattr(module, "__dict__", None) if isinstance(module, types.ModuleType) else None
+    if type(values) is not dict or id(values) in seen:
+        return ()
+    seen.add(id(values))
+    return [(v, (None, (name, k))) for k, v in list(values.items())]
+
+
+def _items_of(obj, link):
+    """A built-in container's items, each with its link (_held_from_modules)."""
+    try:
+        if isinstance(obj, dict):
+            return [(v, (link, (k,))) for k, v in list(obj.items())]
+        if isinstance(obj, (set, frozenset)):
+            return [(v, (link, " (member)")) for v in list(obj)]
+        return [(v, (link, i)) for i, v in enumerate(list(obj))]
+    except Exception:   # changed while read
+        return ()
 
 
 def allocated_blocks(torch, device: str) -> frozenset | None:
