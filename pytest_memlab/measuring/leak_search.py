@@ -312,7 +312,8 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
 def _held_from_modules(torch, device: str, starts: list, addrs: list) -> tuple[list, dict] | None:
     """The tensors in the blocks starts (sorted (addr, size, ...), addrs
     their addresses) that modules' globals reach through built-in
-    containers (dict, list, tuple, deque, set), breadth first, the smaller
+    containers (dict, list, tuple, deque, set, their exact types: no code
+    of a subclass runs while they are read), breadth first, the smaller
     containers of a level first, MODULE_DEPTH deep and MODULE_VISITS
     objects at most: ([(ptr, nbytes, tensor)], id(tensor) -> [its path]),
     where every block has such a tensor; else None (the heap is searched).
@@ -376,14 +377,17 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list) -> tuple[l
                 continue
             if depth + 1 < MODULE_DEPTH and kind in containers and id(obj) not in seen:
                 seen.add(id(obj))
-                below.append((len(obj), obj, link))
+                size = len(obj)
+                if size <= MODULE_VISITS:   # (a larger one would end the walk before its end)
+                    below.append((size, obj, link))
         below.sort(key=lambda entry: entry[0])   # the small containers first: a cache, a list of leaks
         level = (item for _, obj, link in below for item in _items_of(obj, link))
     return None
 
 
 def _globals_of(name: str, module, seen: set):
-    values = getattr(module, "__dict__", None) if isinstance(module, types.ModuleType) else None
+    # (by its type: isinstance reads __class__, which a lazy module object may answer by importing)
+    values = getattr(module, "__dict__", None) if types.ModuleType in type(module).__mro__ else None
     if type(values) is not dict or id(values) in seen:
         return ()
     seen.add(id(values))
