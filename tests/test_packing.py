@@ -556,3 +556,72 @@ def test_the_wall_is_compared_with_the_last_serial_run(pytester):
     line = next(x for x in result.stdout.lines if x.strip().startswith("wall "))
     found = re.search(r"against ([\d.]+) s of these tests one after another in the last serial run", line)
     assert found and 1.2 <= float(found.group(1)) <= 4.0, line
+
+
+def _scheduler(workers, shares, capacity, context=0, kept=None):
+    import types
+
+    from pytest_memlab.session.packing import PackPlan, PackScheduling
+
+    ids = [f"t.py::test[{i}]" for i in range(len(shares))]
+    plan = PackPlan("cuda", {"0": capacity}, {n: int(s * capacity) for n, s in zip(ids, shares)}, context=context)
+    clones = []
+    dsession = types.SimpleNamespace(_clone_node=clones.append)
+    config = types.SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"],
+                                   pluginmanager=types.SimpleNamespace(getplugin=lambda name: dsession))
+    sched = PackScheduling(config, plan, kept=kept)
+    nodes = [_Worker(i) for i in range(workers)]
+    for node in nodes:
+        sched.add_node(node)
+        sched.add_node_collection(node, ids)
+    sched.schedule()
+    return sched, nodes, plan
+
+
+def test_what_a_test_keeps_never_overfills_a_queue_ahead():
+    """Tests queued ahead start without asking; each may keep up to its
+    footprint past its teardown before the next one runs.  A worker counts
+    its approved tests added up, so what runs plus what was kept stays
+    within the capacity, test after test: small tests, the first four
+    keeping 5 MiB each; and 40% tests, the first keeping 30% (two such
+    tests and what it kept would be 110%: its worker's next test must wait,
+    so it is not queued ahead)."""
+    capacity = 100 * MiB
+    for shares, keeps in (([0.05] * 40, {f"t.py::test[{i}]": 5 * MiB for i in range(4)}),
+                          ([0.4] * 10, {"t.py::test[0]": 30 * MiB})):
+        sched, nodes, plan = _scheduler(2, shares, capacity, kept=lambda nodeid, kind: keeps.get(nodeid, 0))
+        _play_out(sched, nodes, plan, capacity)
+    assert max(len(q) for q in _scheduler(2, [0.05] * 40, capacity)[0].node2pending.values()) > 2   # queued ahead
+
+
+def _play_out(sched, nodes, plan, capacity):
+    """The workers end their tests in turn (a worker runs the head of its
+    queue only with a test or the shutdown behind it); what runs and what
+    was kept never exceeds capacity."""
+    while any(sched.node2pending.values()):
+        for node in nodes:
+            queue = sched.node2pending[node]
+            if queue and (len(queue) >= 2 or node.shutting_down):   # the worker ends the test it runs
+                sched.mark_test_complete(node, queue[0], 0.0)
+            held = sum(sched.resident[n] + (plan.footprint[sched.collection[sched.started[n]]]
+                                             if n in sched.started else 0) for n in nodes)
+            assert held <= capacity
+            assert sched._in_use("0") <= capacity
+
+
+def test_a_worker_that_crashes_while_waiting_for_room_loses_no_test():
+    """A worker whose next test waited for room had not started it: when
+    the worker goes down, that test is pending again (no crash is reported
+    for it), and the card keeps the context of xdist's replacement free
+    until it comes."""
+    sched, nodes, plan = _scheduler(2, [0.1, 0.6, 0.6, 0.6, 0.6], 100 * MiB, context=MiB)
+    first = next(n for n in nodes if sched.started.get(n) == 0)
+    sched.mark_test_complete(first, 0, 0.0)   # its next test (60%) waits: the other runs one
+    assert first in sched.waiting and first not in sched.started
+    index = sched.node2pending[first][0]
+    before = sched._in_use("0")
+    assert sched.remove_node(first) is None
+    assert index in sched.pending
+    assert sched._in_use("0") == before   # the replacement's context is kept free
+    sched.add_node(_Worker(2))
+    assert sched.replacing == [] and sched._in_use("0") == before

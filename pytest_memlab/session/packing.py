@@ -211,6 +211,7 @@ class PackScheduling:
         # the workers xdist starts with, until each is added (its context is
         # counted on its device meanwhile) or has ended
         self.to_come = {f"gw{i}" for i in range(self.numnodes)}
+        self.replacing: list[str] = []                 # the device of each crashed worker xdist may replace
         self.strays: set = set()                       # workers that collected other tests than the first: none run here
         self.first: tuple[str, list] | None = None     # the first worker's id and collection: the one every worker must have
         self.largest = 0                               # the suite's largest footprint (known when scheduling begins)
@@ -248,7 +249,11 @@ class PackScheduling:
         self.resident[node] = 0
         self.spec_node = node
         self.cloning = False
-        self.to_come.discard(node.gateway.id)
+        if node.gateway.id in self.to_come:
+            self.to_come.discard(node.gateway.id)
+        elif self.replacing:   # a worker in place of a crashed one: its context is the one kept for it
+            device = self.plan.device_of(node.gateway.id)
+            self.replacing.remove(device if device in self.replacing else self.replacing[0])
         self.log(f"{node.gateway.id} ready")
 
     def add_node_collection(self, node, collection) -> None:
@@ -289,14 +294,18 @@ class PackScheduling:
 
     def remove_node(self, node) -> str | None:
         pending = self.node2pending.pop(node)
-        self.started.pop(node, None)
+        was_running = self.started.pop(node, None) is not None or node.shutting_down
         self.resident.pop(node, None)
         self.waiting.pop(node, None)
         if not pending:
             self._fill()
             return None
         assert self.collection is not None
-        crashed = self.collection[pending.pop(0)]
+        # it went down with tests queued: xdist starts another worker in its
+        # place (unless it stops), whose context is kept free meanwhile
+        self.replacing.append(self.plan.device_of(node.gateway.id))
+        # (a worker that waited for room had not started its test: it runs elsewhere)
+        crashed = self.collection[pending.pop(0)] if was_running else None
         self.pending[:0] = pending
         self._fill()
         return crashed
@@ -353,8 +362,10 @@ class PackScheduling:
 
     def _to_come_on(self, device: str) -> int:
         """The contexts of the workers not started yet that will use
-        device: kept free for them."""
-        return self.plan.context * sum(1 for w in self.to_come if self.plan.device_of(w) == device)
+        device (and of the one xdist starts in place of a crashed worker
+        there): kept free for them."""
+        return self.plan.context * (sum(1 for w in self.to_come if self.plan.device_of(w) == device)
+                                    + self.replacing.count(device))
 
     def _approved(self, node) -> list:
         """The tests node may run without asking again: the one it runs and
@@ -367,14 +378,17 @@ class PackScheduling:
         return approved
 
     def _held_by(self, node) -> int:
-        """The most node may hold of its approved tests (they run one after
-        another; a test without a figure: the whole device)."""
+        """The most node may hold of its approved tests: they run one after
+        another, and each may keep up to its footprint past its teardown
+        before the next (which starts unasked) runs, so their footprints
+        added up (one test: its footprint; a test without a figure: the
+        whole device)."""
         held = 0
         for index in self._approved(node):
             need = self.footprint(index)
             if need is None:
                 return self.plan.capacity[self.plan.device_of(node.gateway.id)]
-            held = max(held, need)
+            held += need
         return held
 
     def _in_use(self, device: str, leave_out=None) -> int:
@@ -515,9 +529,11 @@ class PackScheduling:
         that one may then run without asking (the worker runs it as soon as
         its current test ends: no round trip to the controller between two
         tests).  Only where memory cannot run short on the device: every
-        worker there could hold the suite's largest test at once (a suite
-        of small tests; where it could run short, each test's start stays
-        the scheduler's, which a deeper queue would take from it); and
+        worker there could hold AHEAD - 1 of the suite's largest tests at
+        once (its approved tests, each of which may keep up to its
+        footprint before the next runs: a suite of small tests; where it
+        could run short, each test's start stays the scheduler's, which a
+        deeper queue would take from it); and
         while no test waits for room or runs alone there, every test
         involved has a figure, and enough tests are left that a deeper
         queue costs no balance."""
@@ -530,15 +546,17 @@ class PackScheduling:
         if any(self.plan.device_of(n.gateway.id) == device for n in self.waiting):
             return False
         on_device = [n for n in self.node2pending if self.plan.device_of(n.gateway.id) == device]
-        workers = len(on_device) + len(self.to_come)
-        worst = self._to_come_on(device) + workers * self.largest \
+        workers = len(on_device) + len(self.to_come) + len(self.replacing)
+        # each worker's approved tests (all but its last queued) at the
+        # suite's largest, added up (what each may keep before the next)
+        worst = self._to_come_on(device) + workers * (AHEAD - 1) * self.largest \
             + sum(self.plan.context + self.resident.get(n, 0) for n in on_device)
         if worst > self.plan.capacity[device]:
             return False
         needs = [self.footprint(i) for i in queue]
         if None in needs or any(self.footprint(self.started[n]) is None for n in self._running_on(device)):
             return False
-        mine = self.plan.context + self.resident.get(node, 0) + max(needs)
+        mine = self.plan.context + self.resident.get(node, 0) + sum(needs)
         if self._in_use(device, leave_out=node) + mine > self.plan.capacity[device]:
             return False
         index = self._next_for(node, only_fitting=True)
@@ -546,7 +564,7 @@ class PackScheduling:
             return False
         if self.log.enabled:
             self.log(f"{node.gateway.id} queues {self.collection[index]} ({self._mib(index)}) behind "
-                     f"{len(queue)}: may hold {max(needs) >> 20} MiB")
+                     f"{len(queue)}: may hold {sum(needs) >> 20} MiB")
         self._send(node, index)
         self._note_peak(device)
         return True
