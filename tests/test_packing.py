@@ -625,3 +625,18 @@ def test_a_worker_that_crashes_while_waiting_for_room_loses_no_test():
     assert sched._in_use("0") == before   # the replacement's context is kept free
     sched.add_node(_Worker(2))
     assert sched.replacing == [] and sched._in_use("0") == before
+
+
+def test_a_test_started_unasked_is_known_to_have_run_beside_what_ended_meanwhile():
+    """A worker starts a queued-ahead test itself when its last one ends,
+    and the controller hears of it late: here another worker's test ended
+    in between and was heard first.  It overlapped the started test, so an
+    out-of-memory failure of that test is re-run alone, not failed."""
+    sched, (a, b), plan = _scheduler(2, [0.05] * 8, 100 * MiB)
+    while sched.pending or len(sched.node2pending[b]) > 1:   # gw1 runs its tests, unasked
+        sched.mark_test_complete(b, sched.node2pending[b][0], 0.0)
+    last, started = sched.node2pending[a][:2]
+    sched.mark_test_complete(b, sched.node2pending[b][0], 0.0)   # gw1's last test: it ran past gw0's change
+    sched.mark_test_complete(a, last, 0.0)                         # heard after it: gw0 had started the next
+    assert sched.started.get(a) == started
+    assert sched.rerun_alone(sched.collection[started], "OutOfMemoryError")

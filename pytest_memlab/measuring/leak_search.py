@@ -386,9 +386,8 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list) -> tuple[l
 
 
 def _globals_of(name: str, module, seen: set):
-    # (by its type: isinstance reads __class__, which a lazy module object may answer by importing)
-    values = getattr(module, "__dict__", None) if types.ModuleType in type(module).__mro__ else None
-    if type(values) is not dict or id(values) in seen:
+    values = _module_dict(module)
+    if values is None or id(values) in seen:
         return ()
     seen.add(id(values))
     return [(v, (None, (name, k))) for k, v in list(values.items())]
@@ -504,8 +503,26 @@ def _reach(roots: list, limit: int) -> list:
 
 # -- who holds an object -------------------------------------------------------
 
+def _module_dict(module) -> dict | None:
+    """A module's globals, read past its class: a lazy module
+    (importlib.util.LazyLoader) runs its code when an attribute is read
+    through it, and looking must not import anything."""
+    if types.ModuleType not in type(module).__mro__:   # (by its type: isinstance reads __class__)
+        return None
+    try:
+        values = object.__getattribute__(module, "__dict__")
+    except AttributeError:
+        return None
+    return values if type(values) is dict else None
+
+
 def _module_dicts() -> dict[int, str]:
-    return {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None and hasattr(m, "__dict__")}
+    out = {}
+    for name, module in list(sys.modules.items()):
+        values = _module_dict(module)
+        if values is not None:
+            out[id(values)] = name
+    return out
 
 
 def _key_text(key) -> str:

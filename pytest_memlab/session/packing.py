@@ -197,6 +197,8 @@ class PackScheduling:
         self.beside: set[int] = set()                 # tests that ran while another ran on their device
         self.set_aside: dict[str, str] = {}           # re-run tests whose first attempt's teardown is to come
         self.waiting: dict = {}                       # node -> when (a count) its next test first found no room
+        self.began_at: dict = {}                      # node -> when (a tick) its current test began
+        self.last_event: dict = {}                    # node -> when (a tick) a test of it last began or ended
         self.ticks = itertools.count()
         self.collection: list[str] | None = None
         self.stats = PackStats()
@@ -277,8 +279,14 @@ class PackScheduling:
         self.stats.last_done = time.monotonic()
         assert self.collection is not None
         self.resident[node] += max(0, self.kept(self.collection[item_index], self.plan.kind))
+        since = self.began_at.get(node, -1)
+        self.last_event[node] = next(self.ticks)
         if len(pending) >= 2 or (pending and node.shutting_down):
-            self._began(node)   # (the worker started its next test itself: one was queued behind it)
+            # the worker started its next test itself (one was queued behind
+            # it) when the last one ended, which the controller hears late:
+            # a test another worker ran on the device since the last one began
+            # may have run beside it too
+            self._began(node, since=since)
             if self.log.enabled:
                 self.log(f"{node.gateway.id} starts {self.collection[pending[0]]} ({self._mib(pending[0])}; "
                          f"queued ahead)")
@@ -504,16 +512,22 @@ class PackScheduling:
             node.shutdown()
         self._note_peak(device)
 
-    def _began(self, node) -> None:
+    def _began(self, node, since: int | None = None) -> None:
         """The head of node's queue starts (sent its follow here, or started
-        by the worker itself behind a test it ended)."""
+        by the worker itself behind a test it ended: since, the tick its
+        last test began at; any test another worker on the device began or
+        ended after it may have run beside this one)."""
         index = self.node2pending[node][0]
         device = self.plan.device_of(node.gateway.id)
         beside = self._running_on(device, leave_out=node)
         if beside:
             self.beside.add(index)
             self.beside.update(self.started[n] for n in beside)
+        elif since is not None and any(tick > since for n, tick in self.last_event.items()
+                                       if n is not node and self.plan.device_of(n.gateway.id) == device):
+            self.beside.add(index)
         self.started[node] = index
+        self.began_at[node] = self.last_event[node] = next(self.ticks)
         if self.footprint(index) is None and index not in self.rerun:
             self.stats.alone += 1
 
