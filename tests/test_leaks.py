@@ -609,3 +609,30 @@ def test_the_end_finds_what_modules_hold_without_walking_the_heap(monkeypatch):
     assert paths[id(held)] == named[id(held)] and paths[id(cached)] == named[id(cached)]
     starts = sorted([block(held), block(alone)])
     assert leak_search._held_from_modules(torch, "cpu", starts, [s[0] for s in starts]) is None
+
+
+def test_the_search_imports_no_lazy_module(tmp_path, monkeypatch):
+    """A lazy module (importlib.util.LazyLoader) runs its code when an
+    attribute is read through it: the end's searches read its globals past
+    its class, and it stays unimported."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    from pytest_memlab.measuring import leak_search
+
+    (tmp_path / "memlab_lazy_probe.py").write_text("import os\nos.environ['MEMLAB_LAZY_RAN'] = '1'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("MEMLAB_LAZY_RAN", raising=False)
+    spec = importlib.util.find_spec("memlab_lazy_probe")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "memlab_lazy_probe", module)
+    spec.loader.exec_module(module)
+    alone = torch.ones(3)
+    storage = alone.untyped_storage()
+    starts = [(storage.data_ptr(), storage.nbytes(), None, 0)]
+    assert leak_search._held_from_modules(torch, "cpu", starts, [starts[0][0]]) is None
+    assert leak_search._module_dicts()
+    assert "MEMLAB_LAZY_RAN" not in __import__("os").environ
