@@ -640,3 +640,107 @@ def test_a_test_started_unasked_is_known_to_have_run_beside_what_ended_meanwhile
     sched.mark_test_complete(a, last, 0.0)                         # heard after it: gw0 had started the next
     assert sched.started.get(a) == started
     assert sched.rerun_alone(sched.collection[started], "OutOfMemoryError")
+
+
+class _SimWorker(_Worker):
+    """An xdist worker in the scheduler's random play: it runs the head of
+    its queue only with a test or the shutdown behind it."""
+
+    def __init__(self, i, sim):
+        super().__init__(i)
+        self.sim, self.queue, self.running, self.collected, self.kept = sim, [], None, False, 0
+
+    def send_runtest_some(self, indices):
+        assert not self.shutting_down, "a test sent after the shutdown"
+        self.queue += indices
+        self.sim.kick(self)
+
+    def shutdown(self):
+        self.shutting_down = True
+        self.sim.kick(self)
+
+
+class _Sim:
+    """Random sessions of the real scheduler against a model of xdist:
+    workers ready and collected at random times, tests of random
+    footprints (some without a figure: alone) and durations, some keeping
+    memory past their teardown; xdist's shutdown once the scheduler says
+    the tests are finished."""
+
+    def __init__(self, seed):
+        import random
+        import types
+
+        from pytest_memlab.session.packing import PackPlan, PackScheduling
+
+        r = self.r = random.Random(seed)
+        workers, n = r.choice([2, 3, 5, 6, 8]), r.choice([3, 10, 16, 40])
+        self.capacity, self.context = 100 * MiB, r.choice([0, MiB, 5 * MiB])
+        shares = [0.01, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6] if r.random() < 0.5 else [0.01, 0.03, 0.05, 0.08]
+        self.ids = [f"t.py::test[{i}]" for i in range(n)]
+        self.footprint = {t: int(r.choice(shares) * self.capacity) for t in self.ids if r.random() > 0.1}
+        self.keeps = {t: r.choice([0, 0, 0, min(MiB, f), f // 2, f]) for t in self.ids for f in [self.footprint.get(t, 0)]}
+        plan = PackPlan("cuda", {"0": self.capacity}, dict(self.footprint), context=self.context)
+        config = types.SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"],
+                                       pluginmanager=types.SimpleNamespace(getplugin=lambda name: None))
+        self.sched = PackScheduling(config, plan, kept=lambda nodeid, kind: self.keeps.get(nodeid, 0))
+        self.nodes = [_SimWorker(i, self) for i in range(workers)]
+        self.now, self.events, self.runs, self.order = 0.0, [], {}, 0
+        for node in self.nodes:
+            ready = r.random() * 3
+            self.push(ready, "ready", node)
+            self.push(ready + r.random(), "collected", node)
+
+    def push(self, when, kind, node, index=None):
+        import heapq
+
+        self.order += 1
+        heapq.heappush(self.events, (when, self.order, kind, node, index))
+
+    def kick(self, node):
+        if node.running is not None or not node.collected or not (len(node.queue) >= 2 or (node.shutting_down and node.queue)):
+            return
+        node.running = index = node.queue[0]
+        self.runs[index] = self.runs.get(index, 0) + 1
+        running = [n for n in self.nodes if n.running is not None]
+        alone = [n for n in running if self.ids[n.running] not in self.footprint]
+        assert not alone or len(running) == 1, "a test without a figure ran beside another"
+        held = sum(self.context + n.kept for n in self.nodes) + sum(self.footprint.get(self.ids[n.running], 0) for n in running)
+        # (a test alone on the card has it to itself, whatever its footprint)
+        assert len(running) < 2 or held <= self.capacity, f"{held >> 20} MiB in use on a card of {self.capacity >> 20}"
+        self.push(self.now + self.r.choice([0.3, 1.0, 2.0]), "end", node, index)
+
+    def play(self):
+        import heapq
+
+        while self.events:
+            self.now, _, kind, node, index = heapq.heappop(self.events)
+            if kind == "ready":
+                self.sched.add_node(node)
+            elif kind == "collected":
+                node.collected = True
+                self.sched.add_node_collection(node, self.ids)
+                if self.sched.collection_is_completed:
+                    self.sched.schedule()
+            else:
+                node.queue.pop(0)
+                node.running = None
+                node.kept += self.keeps[self.ids[index]]
+                self.sched.mark_test_complete(node, index, 0.0)
+            if self.sched.tests_finished:   # xdist: every worker is shut down
+                for n in self.sched.nodes:
+                    if not n.shutting_down:
+                        n.shutdown()
+            self.kick(node)
+        assert self.sched.tests_finished and self.runs == {i: 1 for i in range(len(self.ids))}
+
+
+def test_random_sessions_never_overfill_the_card_and_run_each_test_once():
+    """1000 random sessions of the real scheduler against a model of xdist's
+    workers (late arrivals and the early start, queue-ahead, tests without
+    a figure, memory kept past teardown): where tests run side by side,
+    they, the workers' contexts and what was kept never exceed the card; a
+    test without a figure never runs beside another; every test runs once;
+    every session ends."""
+    for seed in range(1000):
+        _Sim(seed).play()
