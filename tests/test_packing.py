@@ -744,3 +744,15 @@ def test_random_sessions_never_overfill_the_card_and_run_each_test_once():
     every session ends."""
     for seed in range(1000):
         _Sim(seed).play()
+
+
+def test_a_test_larger_than_the_card_less_the_contexts_is_named():
+    """A test that needs more than the card less every worker's context
+    runs alone, yet beside the other workers' contexts: the summary names
+    it, and says it may run out of memory where serially it would not."""
+    sched, nodes, plan = _scheduler(8, [0.97, 0.5, 0.05], 100 * MiB, context=MiB)
+    line = next(x for x in sched.summary(8) if "need more than the card" in x)
+    assert "1 test(s) need more than the card less 8 workers' contexts (92.0 MiB on GPU 0)" in line
+    assert line.endswith(": t.py::test[0]")
+    sched, nodes, plan = _scheduler(8, [0.9, 0.5], 100 * MiB, context=MiB)
+    assert not any("need more than the card" in x for x in sched.summary(8))

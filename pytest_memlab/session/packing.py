@@ -680,6 +680,27 @@ class PackScheduling:
         for nodeid, why in s.reruns:
             lines.append(f"  re-run alone at the end: {nodeid} ran out of memory beside other tests ({why}); "
                          "the re-run's outcome stands")
+        lines += self._too_large()
+        return lines
+
+    def _too_large(self) -> list[str]:
+        """Tests larger than their device less every worker's context
+        there: they ran alone, yet the other workers' contexts (and what
+        they kept) were still on the card, so they may run out of memory
+        packed where serially they would not."""
+        if self.collection is None or not self.plan.context:
+            return []
+        lines = []
+        for device, capacity in self.plan.capacity.items():
+            workers = sum(1 for i in range(self.numnodes) if self.plan.device_of(f"gw{i}") == device)
+            room = capacity - workers * self.plan.context
+            big = [n for n in self.collection if self.plan.footprint.get(n, 0) > room]
+            if big:
+                where = "" if device == "cpu" else f" on GPU {device}"
+                lines.append(f"  {len(big)} test(s) need more than the card less {workers} workers' contexts "
+                             f"({format_size(room)}{where}): they ran alone, but beside the other workers' "
+                             f"contexts they may run out of memory where serially they would not (fewer workers, "
+                             f"or without -n): {', '.join(big[:3])}{', ...' if len(big) > 3 else ''}")
         return lines
 
 
