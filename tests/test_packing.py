@@ -504,28 +504,14 @@ if os.environ.get("ODD_WORKER", "-") == os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def test_small_tests_are_queued_ahead_and_large_ones_are_not():
-    """A suite whose largest test fits on the card once per worker cannot
-    run short of memory: each worker gets up to four tests queued (it
+    """A suite whose largest test fits on the card three times per worker
+    cannot run short of memory: each worker gets up to four tests queued (it
     runs the next as soon as its current one ends, no round trip to the
     controller between two tests), fewer near the end for balance.  Where
     the largest tests could overfill the card together, a worker holds two
     at most and each test's start is the scheduler's."""
-    import types
-
-    from pytest_memlab.session.packing import PackPlan, PackScheduling
-
     def queues(shares, workers=4):
-        ids = [f"t.py::test[{i}]" for i in range(len(shares))]
-        plan = PackPlan("cuda", {"0": 100 * MiB}, {n: int(s * 100 * MiB) for n, s in zip(ids, shares)},
-                        context=MiB)
-        config = types.SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"],
-                                       pluginmanager=types.SimpleNamespace(getplugin=lambda name: None))
-        sched = PackScheduling(config, plan)
-        nodes = [_Worker(i) for i in range(workers)]
-        for node in nodes:
-            sched.add_node(node)
-            sched.add_node_collection(node, ids)
-        sched.schedule()
+        sched, nodes, _ = _scheduler(workers, shares, 100 * MiB, context=MiB)
         depths = [len(sched.node2pending[n]) for n in nodes]
         # the ends: each worker's first test done, in turn
         for node in nodes:

@@ -250,10 +250,10 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         found[ptr] = (starts[i], [tensor])
         owned[addr] = owned.get(addr, 0) + min(nbytes, addr + size - ptr)
     deadline = (started or time.perf_counter()) + seconds
-    ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
-        | {id(v) for v in found.values()} | {id(v[1]) for v in found.values()} | set(ignore_ids)
     released: dict[int, int] = {}   # block addr -> bytes of excused tensors
     if heap is not None:
+        ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
+            | {id(v) for v in found.values()} | {id(v[1]) for v in found.values()} | set(ignore_ids)
         # A batch names one holder per tensor: each further path costs the search
         # a walk of the whole heap per level, for every tensor at once.
         proven: set[int] | None = set() if proof else None

@@ -10,8 +10,9 @@ When the tests start.  xdist's own schedulers wait until every worker
 has collected; here, with more than four workers and at least two tests
 a worker, the tests start once the first has (a worker's start, importing
 torch, is seconds, and eight start one beside the other), and each later
-worker joins as its collection comes, checked against the first's.  A worker not yet started counts its
-context on its device from the start, so the card keeps room for it.
+worker joins as its collection comes, checked against the first's.  A
+worker not yet started counts its context on its device from the start,
+so the card keeps room for it.
 
 How a test starts.  An xdist worker runs the test at the head of its queue
 only once another test (or the shutdown) is queued behind it: pytest needs
@@ -547,10 +548,9 @@ class PackScheduling:
         once (its approved tests, each of which may keep up to its
         footprint before the next runs: a suite of small tests; where it
         could run short, each test's start stays the scheduler's, which a
-        deeper queue would take from it); and
-        while no test waits for room or runs alone there, every test
-        involved has a figure, and enough tests are left that a deeper
-        queue costs no balance."""
+        deeper queue would take from it); and while no test waits for room
+        or runs alone there, every test involved has a figure, and enough
+        tests are left that a deeper queue costs no balance."""
         queue = self.node2pending[node]
         live = self._live()
         depth = 2 + min(AHEAD - 2, len(self.pending) // max(1, len(live)))

@@ -44,7 +44,6 @@ class MemlabSession:
         self.options = options
         self.results: dict[str, TestResult] = {}
         self._outcomes: dict[str, str] = {}
-        self._durations: dict[str, float] = {}   # nodeid -> seconds, its phases added up (a serial run's: kept for packing)
         self._made: dict[str, TestResult] = {}   # this process's own results, spared decoding
         self.backend = ""
         self.built_note = ""                      # this process built the torch bridge: where, how long
@@ -64,6 +63,10 @@ class MemlabSession:
             self.worker, self.controller = WorkerSide(config, self), None
         else:
             self.worker, self.controller = None, ControllerSide(self)
+        # nodeid -> seconds, its phases added up: kept for packing from a
+        # serial run that keeps footprints (a baseline's), else not gathered
+        serial = self.worker is None and not getattr(config.option, "numprocesses", None)
+        self._durations: dict[str, float] | None = {} if serial and self.baseline is not None else None
         self.ranks = self._ranks(config, options)
         if options.gpus_per_worker:
             note = plan_gpus(config, options.gpus_per_worker)
@@ -184,7 +187,8 @@ class MemlabSession:
     def record(self, report) -> None:
         """A test's report: the call's outcome, then the result with teardown's."""
         when = report.when
-        self._durations[report.nodeid] = self._durations.get(report.nodeid, 0.0) + (report.duration or 0.0)
+        if self._durations is not None:
+            self._durations[report.nodeid] = self._durations.get(report.nodeid, 0.0) + (report.duration or 0.0)
         if when == "call":
             self._outcomes[report.nodeid] = report.outcome
             return
@@ -244,7 +248,7 @@ class MemlabSession:
             # too, which the baseline does not keep), for the next packed run
             try:
                 remember_footprints(self.config, self.results)
-                if not getattr(self.config.option, "numprocesses", None) and not self.controller.workers:
+                if self._durations is not None and not self.controller.workers:
                     # a serial run: its durations are the tests' own, one after another
                     remember_serial_durations(self.config, self._durations)
             except Exception as exc:   # pytest's cache unwritable: said, never the session's end
