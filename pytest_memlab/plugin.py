@@ -204,7 +204,7 @@ class MemlabPlugin:
                     # to its count of failures when the report is logged
                     # (next) and stops at --maxfail: taken off first.
                     item.session.testsfailed -= 1
-            if call.when == "teardown":
+            if call.when == "teardown" and not item.config.workerinput.get("memlab_keep_cache"):
                 release_cached_gpu_memory()
         run = self.running(item)
         if run is None:
@@ -271,6 +271,15 @@ class MemlabPlugin:
                                       "pytest-xdist scheduled the tests")
             return None
         return self.session.packing
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        """pytest-xdist, on the controller, as each worker starts: whether
+        a packed worker keeps its caching allocator's blocks between tests
+        (the plan has room for them) or gives them back."""
+        plan = self.session.pack_plan
+        if plan is not None and plan.keep_cache:
+            node.workerinput["memlab_keep_cache"] = True
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):

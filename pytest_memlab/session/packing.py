@@ -132,6 +132,7 @@ class PackPlan:
     context: int = 0                             # what a worker holds on its device before any test
     worker_devices: dict[str, str] = field(default_factory=dict)   # "gw0" -> device, where pinned
     serial: dict[str, float] = field(default_factory=dict)         # nodeid -> seconds, in the last serial run
+    keep_cache: bool = False                     # workers keep their caching allocator's blocks between tests
     made: float = field(default_factory=time.monotonic)            # when the session started (the plan is made then)
 
     def device_of(self, worker: str) -> str:
@@ -744,8 +745,40 @@ def make_plan(config, options, baseline) -> PackPlan:
         gpus = worker_gpus(f"gw{i}")
         if gpus:
             workers[f"gw{i}"] = gpus[0]
-    return PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES + KEPT_CACHE_BYTES, worker_devices=workers,
+    plan = PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES + KEPT_CACHE_BYTES, worker_devices=workers,
                     serial=serial)
+    cache_bound = max(KEPT_CACHE_BYTES, reserved_peak(tests))
+    count = int(getattr(config.option, "numprocesses", 0) or 0)
+    if roomy(plan, count, cache_bound):
+        plan.keep_cache, plan.context = True, CONTEXT_BYTES + cache_bound
+    return plan
+
+
+def reserved_peak(tests: dict) -> int:
+    """The most a serial run's caching allocator held reserved on a GPU,
+    over a baseline lane's tests (the process's figure, which carries
+    what earlier tests left cached): what one worker keeping its cache
+    between tests holds at most, give or take the order of its tests."""
+    return max((int(entry.get("reserved_peak") or 0) for devices in tests.values() if isinstance(devices, dict)
+                for key, entry in devices.items() if key.startswith("cuda") and isinstance(entry, dict)),
+               default=0)
+
+
+def roomy(plan: PackPlan, workers: int, cache_bound: int) -> bool:
+    """Whether every device has room for each of its workers' context,
+    the whole cache a worker would keep (cache_bound) and AHEAD of the
+    suite's largest tests besides: where it has, packed workers keep
+    their caches as plain -n does (returning blocks after each test costs
+    the next test its driver calls, for room nothing needs), and the
+    scheduler counts each worker's context with that cache in it."""
+    largest = max(plan.footprint.values(), default=0)
+    if workers <= 0 or not plan.footprint:
+        return False
+    for device, capacity in plan.capacity.items():
+        on_device = sum(1 for i in range(workers) if plan.device_of(f"gw{i}") == device)
+        if on_device * (CONTEXT_BYTES + cache_bound + AHEAD * largest) > capacity:
+            return False
+    return True
 
 
 def remember_footprints(config, results: dict, kinds=("cpu", "cuda")) -> None:
