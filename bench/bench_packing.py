@@ -99,15 +99,30 @@ def outcomes(junit: str) -> tuple[dict[str, str], int]:
     return out, oom
 
 
+PHASES = ("configure", "first report", "last report", "last worker down", "session finish", "unconfigure")
+
+
 def run(folder: str, args: list[str], label: str, junit: str, cache: str) -> tuple[float, str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", f"--junitxml={junit}",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "pack_phases", f"--junitxml={junit}",
            "-o", "junit_family=xunit2", "-o", f"cache_dir={cache}", *args]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PACK_PHASES=junit + ".phases.json",
+               PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    t0, w0 = time.perf_counter(), time.time()
+    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
+    end = time.time()
     text = proc.stdout + proc.stderr
     last = [x for x in text.splitlines() if re.search(r"\d+ (passed|failed|error)", x)][-1:] or [""]
     print(f"  {label}: {wall:.1f} s, exit {proc.returncode}: {last[0].strip('= ')}", flush=True)
+    try:   # where the time went: the controller's phases (bench/pack_phases.py)
+        import json
+        marks = json.load(open(junit + ".phases.json"))
+        points = [("start", w0)] + [(k, marks[k]) for k in PHASES if k in marks] + [("exit", end)]
+        print("    " + ", ".join(f"{a} -> {b} {tb - ta:.2f} s" for (a, ta), (b, tb) in zip(points, points[1:])),
+              flush=True)
+    except (OSError, ValueError, KeyError):
+        pass
     with open(junit + ".log", "w") as f:
         f.write(text)
     return wall, text
