@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,6 +156,9 @@ def main() -> int:
     ap.add_argument("--measured-plain", action="store_true",
                     help="also -n N measured under xdist's own scheduler: what measuring costs apart from packing")
     ap.add_argument("--pack-args", default="", help="the packed runs' own options (--memlab-pack-capacity=...)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of the -n runs, each in another order (the packed run first in the second "
+                         "round, ...): the table gives each run's median wall and every round's")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -186,21 +190,39 @@ def main() -> int:
                  "measured": (" --memlab-baseline (xdist's scheduler)", [f"--memlab-baseline={baseline}"]),
                  "packed": (" --memlab-pack", ["--memlab-pack", f"--memlab-baseline={baseline}",
                                                *args.pack_args.split()])}
-        for kind in ("plain", "measured", "packed") if args.measured_plain else ("plain", "packed"):
-            packed = kind == "packed"
-            label = f"-n {n}" + kinds[kind][0]
-            extra = ["-n", str(n)] + kinds[kind][1]
-            junit = os.path.join(tmp, f"n{n}-{kind}.xml")
-            spans = os.path.join(tmp, f"spans-n{n}-{kind}")
-            os.makedirs(spans)
-            os.environ["PACK_SPANS"] = spans
-            wall, text = run(suite, [*rest, *extra], label, junit, cache)
-            got, oom = outcomes(junit)
-            rows.append((label, wall, got, oom, (pack_summary(text) if packed else []) + timeline(spans)))
-            trace = [x for x in text.splitlines() if x.startswith("[packsched]")]   # with --pack-args=--debug
-            if trace and args.out:
-                with open(os.path.splitext(args.out)[0] + f"-trace-n{n}.log", "w") as f:
-                    f.write("\n".join(trace) + "\n")
+        order = ("plain", "measured", "packed") if args.measured_plain else ("plain", "packed")
+        walls, last = {}, {}
+        for r in range(args.rounds):
+            # each round in another order: a run's place in the sequence (the
+            # GPU's and the page cache's state after the run before) is not
+            # taken for its own cost
+            for kind in order[len(order) - r % len(order):] + order[:len(order) - r % len(order)]:
+                packed = kind == "packed"
+                label = f"-n {n}" + kinds[kind][0]
+                extra = ["-n", str(n)] + kinds[kind][1]
+                junit = os.path.join(tmp, f"n{n}-{kind}-r{r}.xml")
+                spans = os.path.join(tmp, f"spans-n{n}-{kind}-r{r}")
+                os.makedirs(spans)
+                os.environ["PACK_SPANS"] = spans
+                wall, text = run(suite, [*rest, *extra], label + (f" (round {r + 1})" if args.rounds > 1 else ""),
+                                 junit, cache)
+                walls.setdefault(kind, []).append(wall)
+                got, oom = outcomes(junit)
+                if kind in last:   # outcomes and out of memory: every round's, the first unlike serial kept
+                    prev = last[kind]
+                    got = {k: v if prev[1].get(k, v) == serial.get(k) else prev[1][k] for k, v in got.items()}
+                    oom += prev[2]
+                last[kind] = (label, got, oom, (pack_summary(text) if packed else []) + timeline(spans))
+                trace = [x for x in text.splitlines() if x.startswith("[packsched]")]   # with --pack-args=--debug
+                if trace and args.out:
+                    with open(os.path.splitext(args.out)[0] + f"-trace-n{n}.log", "w") as f:
+                        f.write("\n".join(trace) + "\n")
+        for kind in order:
+            label, got, oom, summary = last[kind]
+            each = walls[kind]
+            if len(each) > 1:
+                label += " (median of " + ", ".join(f"{w:.1f}" for w in each) + " s)"
+            rows.append((label, statistics.median(each), got, oom, summary))
 
     failed = False
     serial_wall = rows[1][1] if args.serial_plain else rows[0][1]
