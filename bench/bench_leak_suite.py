@@ -62,7 +62,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_suite import outcomes, run  # noqa: E402
+from bench_suite import installed_bytecode, outcomes, run  # noqa: E402
 
 TARGETS = {"serial": 1.05, "xdist": 1.10}
 PER_FILE = 100
@@ -429,6 +429,7 @@ def main() -> int:
     if args.tree:
         tree = os.path.abspath(args.tree)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p)
+    installed_bytecode(tree)
     commit = subprocess.run(["git", "log", "--oneline", "-1"], cwd=tree, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "pytest_memlab", "csrc"],
                            cwd=tree, capture_output=True, text=True).stdout.strip()

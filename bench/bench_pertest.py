@@ -214,6 +214,10 @@ def main() -> None:
     ap.add_argument("--side-only", action="store_true",
                     help="only the side-by-side rounds (no whole-process configurations)")
     args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_suite import installed_bytecode
+
+    installed_bytecode()   # as an installed wheel has it (this VM sets PYTHONDONTWRITEBYTECODE)
     import torch
 
     cuda = torch.cuda.is_available()
