@@ -98,7 +98,8 @@ def held_at_once(peak: int, first_use: int | None) -> int:
     tests left in the caching allocator (every test after a 40 GiB one
     would count 40 GiB); a packed worker gives its cache back between tests,
     and each worker's allowance (KEPT_CACHE_BYTES) covers the allocator's
-    rounding."""
+    rounding, or, where the card has room (roomy), keeps it, and its
+    context counts the most the serial run held reserved."""
     return peak + (first_use or 0)
 
 
