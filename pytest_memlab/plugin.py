@@ -290,6 +290,7 @@ class MemlabPlugin:
         self.session.finish(session, self.options.top)
 
     def pytest_unconfigure(self, config):
+        self.session.resume_collector()
         unpark()
         restore()
 
