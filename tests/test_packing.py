@@ -781,6 +781,14 @@ def test_packed_workers_keep_their_cache_only_where_the_card_has_room_for_it(mon
     assert packing.reserved_peak({"a": {"cuda:0": {"reserved_peak": 3}, "cpu": {"reserved_peak": 9}},
                                   "b": {"cuda:1": {"reserved_peak": 5}}}) == 5
 
+    # the summary says so, with what each worker's context counts
+    sched, _, _ = _scheduler(4, [0.01, 0.02], 140 * GiB, context=small.context)
+    sched.plan.keep_cache = True
+    assert "  the workers kept their caching allocators' blocks between tests: the card has room for them " \
+           "(counted with each worker's context: 4.59 GiB)" in sched.summary(4)
+    sched.plan.keep_cache = False
+    assert not any("caching allocators" in x for x in sched.summary(4))
+
     manager = MemlabPlugin.__new__(MemlabPlugin)
     for plan, told in ((small, True), (heavy, False)):
         manager.session = types.SimpleNamespace(pack_plan=plan)

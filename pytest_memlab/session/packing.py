@@ -679,6 +679,9 @@ class PackScheduling:
             if alone > 0 and start + wall >= alone:
                 lines.append(f"  -n did not pay here: the workers' start ({start:.1f} s) and the tests ({wall:.1f} s) "
                              f"took longer than {what} ({alone:.1f} s); run these tests without -n")
+        if plan.keep_cache:
+            lines.append(f"  the workers kept their caching allocators' blocks between tests: the card has room for "
+                         f"them (counted with each worker's context: {format_size(plan.context)})")
         for nodeid, why in s.reruns:
             lines.append(f"  re-run alone at the end: {nodeid} ran out of memory beside other tests ({why}); "
                          "the re-run's outcome stands")
