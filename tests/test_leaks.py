@@ -666,3 +666,24 @@ def pytest_unconfigure(config):
     result.assert_outcomes(passed=1, warnings=1)
     assert "cpu leaked 64.0 KiB after teardown" in result.stdout.str()
     assert f"COLLECTOR False {enabled}" in result.stdout.str()
+
+
+def test_the_collector_resumes_where_another_plugins_unconfigure_raises(pytester):
+    """An in-process run (pytester's) whose conftest's unconfigure raises
+    before memlab's: the collector is enabled again all the same (pytest's
+    cleanup), so the process that ran the session keeps collecting."""
+    import gc
+
+    pytester.makeconftest("""
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config):
+    raise RuntimeError("a conftest's unconfigure fails")
+""")
+    assert gc.isenabled()
+    try:
+        run(pytester, "\ndef test_nothing():\n    pass\n", "--memlab")
+    except RuntimeError:
+        pass
+    assert gc.isenabled()

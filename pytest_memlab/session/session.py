@@ -234,6 +234,8 @@ class MemlabSession:
         if self._collector_was_enabled is None:
             self._collector_was_enabled = gc.isenabled()
             gc.disable()
+            # (also where another plugin's unconfigure raises before memlab's)
+            self.config.add_cleanup(self.resume_collector)
         self._finish(session, top)
 
     def resume_collector(self) -> None:
