@@ -29,7 +29,7 @@ from .measuring.run import TestRun
 from .options import Options, add_options
 from .reports.results import encode
 from .session.gpu_pinning import pin_this_worker
-from .session.packing import PackScheduling, release_cached_gpu_memory, set_aside_for_rerun
+from .session.packing import KEPT_CACHE_BYTES, PackScheduling, release_cached_gpu_memory, set_aside_for_rerun
 from .session.session import MemlabSession
 
 __all__ = ["MemlabLeakWarning", "MemlabPlugin", "SPECS", "memlab"]
@@ -204,8 +204,8 @@ class MemlabPlugin:
                     # to its count of failures when the report is logged
                     # (next) and stops at --maxfail: taken off first.
                     item.session.testsfailed -= 1
-            if call.when == "teardown" and not item.config.workerinput.get("memlab_keep_cache"):
-                release_cached_gpu_memory()
+            if call.when == "teardown":
+                release_cached_gpu_memory(item.config.workerinput.get("memlab_kept_cache") or KEPT_CACHE_BYTES)
         run = self.running(item)
         if run is None:
             return report
@@ -274,12 +274,13 @@ class MemlabPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
-        """pytest-xdist, on the controller, as each worker starts: whether
-        a packed worker keeps its caching allocator's blocks between tests
-        (the plan has room for them) or gives them back."""
+        """pytest-xdist, on the controller, as each worker starts: how much
+        of its caching allocator's blocks a packed worker keeps between
+        tests (where the plan has room for them: what the scheduler counts
+        for it), else KEPT_CACHE_BYTES."""
         plan = self.session.pack_plan
         if plan is not None and plan.keep_cache:
-            node.workerinput["memlab_keep_cache"] = True
+            node.workerinput["memlab_kept_cache"] = plan.kept_cache
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):

@@ -666,6 +666,10 @@ def pytest_unconfigure(config):
     result.assert_outcomes(passed=1, warnings=1)
     assert "cpu leaked 64.0 KiB after teardown" in result.stdout.str()
     assert f"COLLECTOR False {enabled}" in result.stdout.str()
+    # a session memlab measured nothing in (no --memlab, no marker) keeps its collector as it was
+    result = run(pytester, "\ndef test_keeps():\n    _CACHE.append(cpu_bytes(64 * KiB))\n", "-s", subprocess=True)
+    result.assert_outcomes(passed=1)
+    assert f"COLLECTOR {enabled} {enabled}" in result.stdout.str()
 
 
 def test_the_collector_resumes_where_another_plugins_unconfigure_raises(pytester):

@@ -134,6 +134,7 @@ class PackPlan:
     worker_devices: dict[str, str] = field(default_factory=dict)   # "gw0" -> device, where pinned
     serial: dict[str, float] = field(default_factory=dict)         # nodeid -> seconds, in the last serial run
     keep_cache: bool = False                     # workers keep their caching allocator's blocks between tests
+    kept_cache: int = 0                          # ... up to this many bytes each (0: KEPT_CACHE_BYTES)
     made: float = field(default_factory=time.monotonic)            # when the session started (the plan is made then)
 
     def device_of(self, worker: str) -> str:
@@ -754,7 +755,7 @@ def make_plan(config, options, baseline) -> PackPlan:
     cache_bound = max(KEPT_CACHE_BYTES, reserved_peak(tests))
     count = int(getattr(config.option, "numprocesses", 0) or 0)
     if roomy(plan, count, cache_bound):
-        plan.keep_cache, plan.context = True, CONTEXT_BYTES + cache_bound
+        plan.keep_cache, plan.kept_cache, plan.context = True, cache_bound, CONTEXT_BYTES + cache_bound
     return plan
 
 
@@ -777,6 +778,13 @@ def roomy(plan: PackPlan, workers: int, cache_bound: int) -> bool:
     scheduler counts each worker's context with that cache in it."""
     largest = max(plan.footprint.values(), default=0)
     if workers <= 0 or not plan.footprint:
+        return False
+    # a worker keeps its cache on every GPU it uses, and the scheduler
+    # counts each worker on one: only where each worker has one GPU
+    if plan.worker_devices:
+        if any(len(worker_gpus(f"gw{i}") or ()) > 1 for i in range(workers)):
+            return False
+    elif len(plan.capacity) > 1:
         return False
     for device, capacity in plan.capacity.items():
         on_device = sum(1 for i in range(workers) if plan.device_of(f"gw{i}") == device)
@@ -846,20 +854,23 @@ def set_aside_for_rerun(packing: PackScheduling, report) -> None:
             report.outcome = "rerun"
 
 
-def release_cached_gpu_memory() -> None:
+def release_cached_gpu_memory(allowance: int = KEPT_CACHE_BYTES) -> None:
     """On a packed worker, after each test: where the caching allocator
-    keeps more than KEPT_CACHE_BYTES reserved beyond what is allocated, its
-    free blocks go back to the driver, so that what the worker holds
-    between tests is what its tests kept (the scheduler's figure) and at
-    most that allowance, not what they once reserved.  Nothing where CUDA
-    never started."""
+    keeps more than allowance reserved beyond what is allocated
+    (KEPT_CACHE_BYTES, or where the plan lets workers keep their caches,
+    the most the serial run held reserved: what the scheduler counts for
+    each worker), its free blocks go back to the driver, so that what the
+    worker holds between tests is what its tests kept and at most that
+    allowance, not what they once reserved (a test without a figure may
+    reserve more than any the baseline knows).  Nothing where CUDA never
+    started."""
     import sys
 
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_initialized():
             for i in range(torch.cuda.device_count()):
-                if torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i) > KEPT_CACHE_BYTES:
+                if torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i) > allowance:
                     with torch.cuda.device(i):
                         torch.cuda.empty_cache()
     except Exception:   # never the test's trouble

@@ -230,8 +230,10 @@ class MemlabSession:
         they go, would otherwise trigger a full collection on a large heap
         (0.42 s on 1.1 M objects), just before the full collections pytest
         itself makes at unconfigure (8.4 and later) or the interpreter makes
-        at exit.  memlab's own explicit collections still run."""
-        if self._collector_was_enabled is None:
+        at exit.  memlab's own explicit collections still run.  Only in a
+        process where memlab measured a test (or heard of one measured):
+        a session memlab took no part in keeps its collector as it was."""
+        if self._collector_was_enabled is None and (self._made or self.results or self.suspects):
             self._collector_was_enabled = gc.isenabled()
             gc.disable()
             # (also where another plugin's unconfigure raises before memlab's)
