@@ -279,7 +279,7 @@ class MemlabPlugin:
         tests (where the plan has room for them: what the scheduler counts
         for it), else KEPT_CACHE_BYTES."""
         plan = self.session.pack_plan
-        if plan is not None and plan.keep_cache:
+        if plan is not None and plan.kept_cache:
             node.workerinput["memlab_kept_cache"] = plan.kept_cache
 
     @pytest.hookimpl(optionalhook=True)

@@ -774,20 +774,20 @@ def test_packed_workers_keep_their_cache_only_where_the_card_has_room_for_it(mon
         return packing.make_plan(config, options, baseline)
 
     small = plan_for([0.01, 0.02, 0.005], reserved=4 * GiB)
-    assert small.keep_cache and small.context == packing.CONTEXT_BYTES + 4 * GiB
+    assert small.kept_cache == 4 * GiB and small.context == packing.CONTEXT_BYTES + 4 * GiB
     heavy = plan_for([0.05, 0.1, 0.3], reserved=42 * GiB)
-    assert not heavy.keep_cache and heavy.context == packing.CONTEXT_BYTES + packing.KEPT_CACHE_BYTES
+    assert not heavy.kept_cache and heavy.context == packing.CONTEXT_BYTES + packing.KEPT_CACHE_BYTES
     # the bound is each worker's: eight workers of the small suite no longer fit four of its largest
-    assert not plan_for([0.01, 0.02, 0.005], reserved=4 * GiB, workers=8, card=40 * GiB).keep_cache
+    assert not plan_for([0.01, 0.02, 0.005], reserved=4 * GiB, workers=8, card=40 * GiB).kept_cache
     assert packing.reserved_peak({"a": {"cuda:0": {"reserved_peak": 3}, "cpu": {"reserved_peak": 9}},
                                   "b": {"cuda:1": {"reserved_peak": 5}}}) == 5
 
     # the summary says so, with what each worker's context counts
     sched, _, _ = _scheduler(4, [0.01, 0.02], 140 * GiB, context=small.context)
-    sched.plan.keep_cache = True
+    sched.plan.kept_cache = 4 * GiB
     assert "  the workers kept their caching allocators' blocks between tests: the card has room for them " \
            "(counted with each worker's context: 4.59 GiB)" in sched.summary(4)
-    sched.plan.keep_cache = False
+    sched.plan.kept_cache = 0
     assert not any("caching allocators" in x for x in sched.summary(4))
 
     manager = MemlabPlugin.__new__(MemlabPlugin)
@@ -804,8 +804,8 @@ def test_packed_workers_keep_their_cache_only_where_the_card_has_room_for_it(mon
     baseline = types.SimpleNamespace(environments={"cuda": types.SimpleNamespace(tests=tests)})
     options = types.SimpleNamespace(baseline_env=None, pack_capacity=None)
     config = types.SimpleNamespace(cache=None, option=types.SimpleNamespace(numprocesses=2))
-    assert not packing.make_plan(config, options, baseline).keep_cache
+    assert not packing.make_plan(config, options, baseline).kept_cache
     from pytest_memlab.session.gpu_pinning import GPUS_VARIABLE
     for per, kept in ((1, True), (2, False)):
         monkeypatch.setenv(GPUS_VARIABLE, json.dumps({"gpus": ["0", "1"], "per": per}))
-        assert packing.make_plan(config, options, baseline).keep_cache is kept
+        assert bool(packing.make_plan(config, options, baseline).kept_cache) is kept

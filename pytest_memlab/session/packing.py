@@ -133,9 +133,13 @@ class PackPlan:
     context: int = 0                             # what a worker holds on its device before any test
     worker_devices: dict[str, str] = field(default_factory=dict)   # "gw0" -> device, where pinned
     serial: dict[str, float] = field(default_factory=dict)         # nodeid -> seconds, in the last serial run
-    keep_cache: bool = False                     # workers keep their caching allocator's blocks between tests
-    kept_cache: int = 0                          # ... up to this many bytes each (0: KEPT_CACHE_BYTES)
+    kept_cache: int = 0                          # bytes of its caching allocator's blocks a worker keeps between
+                                                 # tests where the card has room (0: it returns beyond KEPT_CACHE_BYTES)
     made: float = field(default_factory=time.monotonic)            # when the session started (the plan is made then)
+
+    def workers_on(self, device: str, workers: int) -> int:
+        """How many of workers (gw0 ...) this plan packs on device."""
+        return sum(1 for i in range(workers) if self.device_of(f"gw{i}") == device)
 
     def device_of(self, worker: str) -> str:
         if self.kind == "cpu":
@@ -680,7 +684,7 @@ class PackScheduling:
             if alone > 0 and start + wall >= alone:
                 lines.append(f"  -n did not pay here: the workers' start ({start:.1f} s) and the tests ({wall:.1f} s) "
                              f"took longer than {what} ({alone:.1f} s); run these tests without -n")
-        if plan.keep_cache:
+        if plan.kept_cache:
             lines.append(f"  the workers kept their caching allocators' blocks between tests: the card has room for "
                          f"them (counted with each worker's context: {format_size(plan.context)})")
         for nodeid, why in s.reruns:
@@ -698,7 +702,7 @@ class PackScheduling:
             return []
         lines = []
         for device, capacity in self.plan.capacity.items():
-            workers = sum(1 for i in range(self.numnodes) if self.plan.device_of(f"gw{i}") == device)
+            workers = self.plan.workers_on(device, self.numnodes)
             room = capacity - workers * self.plan.context
             big = [n for n in self.collection if self.plan.footprint.get(n, 0) > room]
             if big:
@@ -745,17 +749,17 @@ def make_plan(config, options, baseline) -> PackPlan:
         cap = {gpu: options.pack_capacity for gpu in free}
     else:
         cap = {gpu: int(n * (1 - MARGIN_SHARE)) for gpu, n in free.items()}
+    count = int(getattr(config.option, "numprocesses", 0) or 0)
     workers = {}   # --memlab-gpus-per-worker's plan: each worker packed on its first GPU
-    for i in range(int(getattr(config.option, "numprocesses", 0) or 0)):
+    for i in range(count):
         gpus = worker_gpus(f"gw{i}")
         if gpus:
             workers[f"gw{i}"] = gpus[0]
     plan = PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES + KEPT_CACHE_BYTES, worker_devices=workers,
                     serial=serial)
     cache_bound = max(KEPT_CACHE_BYTES, reserved_peak(tests))
-    count = int(getattr(config.option, "numprocesses", 0) or 0)
     if roomy(plan, count, cache_bound):
-        plan.keep_cache, plan.kept_cache, plan.context = True, cache_bound, CONTEXT_BYTES + cache_bound
+        plan.kept_cache, plan.context = cache_bound, CONTEXT_BYTES + cache_bound
     return plan
 
 
@@ -787,8 +791,7 @@ def roomy(plan: PackPlan, workers: int, cache_bound: int) -> bool:
     elif len(plan.capacity) > 1:
         return False
     for device, capacity in plan.capacity.items():
-        on_device = sum(1 for i in range(workers) if plan.device_of(f"gw{i}") == device)
-        if on_device * (CONTEXT_BYTES + cache_bound + AHEAD * largest) > capacity:
+        if plan.workers_on(device, workers) * (CONTEXT_BYTES + cache_bound + AHEAD * largest) > capacity:
             return False
     return True
 
