@@ -346,6 +346,39 @@ def test_sub():
     assert [(p["label"], p["devices"]["cpu"]["peak"]) for p in procs] == [("python -c", 5 * MiB)]
 
 
+def test_a_folder_an_earlier_test_left_neither_hides_a_child_nor_invents_one(inner):
+    """disarm asks the children's root for its link count before it looks
+    for the test's own folder (a fresh lookup costs each test more): a
+    folder left there by a child that outlived its test (it raises the
+    count) must neither hide a later test's child nor give one to a test
+    that started none."""
+    result, data = run(inner, """
+from pytest_memlab.children import gathering
+
+def test_leaves_a_folder():
+    os.makedirs(os.path.join(gathering._root, "left-by-a-late-child"), exist_ok=True)
+
+def test_no_child():
+    x = own(MiB)
+
+def test_sub():
+    subprocess.run([sys.executable, "-c", "import torch; x = torch.empty(3 * 2**20, dtype=torch.uint8)"], check=True)
+
+def test_no_child_again():
+    os.rmdir(os.path.join(gathering._root, "left-by-a-late-child"))
+    x = own(MiB)
+
+def test_sub_again():
+    subprocess.run([sys.executable, "-c", "import torch; x = torch.empty(2 * 2**20, dtype=torch.uint8)"], check=True)
+""", "-p", "no:randomly")
+    assert result.ret == 0, result.stdout.str()
+    assert processes(data, "test_no_child")[0] == []
+    assert processes(data, "test_no_child_again")[0] == []
+    assert [(p["label"], p["devices"]["cpu"]["peak"]) for p in processes(data, "test_sub")[0]] == [("python -c", 3 * MiB)]
+    assert [(p["label"], p["devices"]["cpu"]["peak"]) for p in processes(data, "test_sub_again")[0]] == [
+        ("python -c", 2 * MiB)]
+
+
 def test_dataloader_workers_are_measured(inner):
     result, data = run(inner, """
 from torch.utils.data import DataLoader
