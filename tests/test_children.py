@@ -379,6 +379,28 @@ def test_sub_again():
         ("python -c", 2 * MiB)]
 
 
+def test_a_test_that_removes_the_childrens_folder_leaves_later_tests_measured(inner):
+    result, data = run(inner, """
+import shutil
+from pytest_memlab.children import gathering
+
+def test_removes_it():
+    shutil.rmtree(gathering._root)
+
+def test_no_child():
+    x = own(MiB)
+
+def test_sub():
+    subprocess.run([sys.executable, "-c", "import torch; x = torch.empty(3 * 2**20, dtype=torch.uint8)"], check=True)
+""", "-p", "no:randomly")
+    assert result.ret == 0, result.stdout.str()
+    for name in ("test_removes_it", "test_no_child", "test_sub"):
+        assert not processes(data, name)[1].get("memlab_error"), processes(data, name)[1]
+    assert processes(data, "test_no_child")[0] == []
+    assert processes(data, "test_no_child")[1]["devices"]["cpu"]["peak"] == MiB
+    assert [(p["label"], p["devices"]["cpu"]["peak"]) for p in processes(data, "test_sub")[0]] == [("python -c", 3 * MiB)]
+
+
 def test_dataloader_workers_are_measured(inner):
     result, data = run(inner, """
 from torch.utils.data import DataLoader

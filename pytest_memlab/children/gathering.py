@@ -108,7 +108,10 @@ class ChildWatch:
             self.root = _process_root()
             plain = json.dumps(self.root) == f'"{self.root}"' and json.dumps(os.sep) == f'"{os.sep}"'
             self._sep = self.root + os.sep if plain else ""
-            self._links_count_folders = os.stat(self.root).st_nlink >= 2
+            try:
+                self._links_count_folders = os.stat(self.root).st_nlink >= 2
+            except OSError:   # an earlier session's test removed it (a child makes it again): disarm looks
+                self._links_count_folders = False
         startup.measure_forks()
         # RANK as the test's process has it now: an earlier test may have
         # set it and left it, and a child that inherits it is no rank
@@ -135,7 +138,12 @@ class ChildWatch:
     def _tell_forkserver(self, folder: str) -> None:
         """See startup.current_folder."""
         path = os.path.join(self.root, startup.CURRENT)
-        with open(path + ".tmp", "w") as f:
+        try:
+            f = open(path + ".tmp", "w")
+        except FileNotFoundError:   # a test removed the root: made again (a child makes its folder there)
+            os.makedirs(self.root, exist_ok=True)
+            f = open(path + ".tmp", "w")
+        with f:
             f.write(folder)
         os.replace(path + ".tmp", path)
 
@@ -157,8 +165,12 @@ class ChildWatch:
         # never asked for before, costs a fresh directory lookup (8 us a
         # test on this project's VM against 1.5 for the root's, which the
         # kernel keeps at hand)
-        if self._links_count_folders and os.stat(self.root).st_nlink == 2:
-            return []
+        if self._links_count_folders:
+            try:
+                if os.stat(self.root).st_nlink == 2:
+                    return []
+            except OSError:   # the root itself is gone (a test emptied the temp folder): looked for below
+                pass
         if not os.access(folder, os.F_OK):
             return []
         children = ChildWatch.peek(armed, done_only=False)
