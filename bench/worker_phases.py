@@ -42,7 +42,6 @@ def _on() -> bool:
 def pytest_configure(config):
     if _on():
         _marks["configure"] = time.time()
-        _marks["memlab loaded"] = float("pytest_memlab" in sys.modules)
 
 
 def pytest_collection_finish(session):
@@ -93,8 +92,7 @@ def summarize(prefix: str) -> str:
         with open(path) as f:
             d = json.load(f)
         t0 = d["process start"] or d["marks"]["plugin imported"]
-        marks = {k: v for k, v in d["marks"].items() if k != "memlab loaded"}
-        steps = ", ".join(f"{k} {v - t0:.2f}" for k, v in sorted(marks.items(), key=lambda kv: kv[1]))
+        steps = ", ".join(f"{k} {v - t0:.2f}" for k, v in sorted(d["marks"].items(), key=lambda kv: kv[1]))
         setups = (f"; first setup {d['first setup s']:.3f} s, the other {d['setups'] - 1} setups "
                   f"{d['setup s, the rest']:.3f} s") if d["setups"] else ""
         lines.append(f"{path.rsplit('.', 1)[1]}: {steps}{setups}")
