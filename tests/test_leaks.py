@@ -611,6 +611,58 @@ def test_the_end_finds_what_modules_hold_without_walking_the_heap(monkeypatch):
     assert leak_search._held_from_modules(torch, "cpu", starts, [s[0] for s in starts]) is None
 
 
+def test_the_end_searches_only_blocks_a_tensor_can_live_in(monkeypatch):
+    """A block the allocator no longer holds (alive, from its snapshot)
+    has no tensor: the walk below the modules needs none for it, and with
+    no block alive it is not taken at all.  A search that finds no tensor
+    in the blocks builds no index of the heap (holders_of is not asked),
+    and says what it always said: bytes no tensor owns."""
+    import torch
+
+    from pytest_memlab.measuring import leak_search
+
+    held, alone = torch.ones(64), torch.ones(32)
+    blocks = []
+    for t in (held, alone):
+        storage = t.untyped_storage()
+        blocks.append((storage.data_ptr(), storage.nbytes(), None, 0))
+    starts = sorted(blocks)
+    addrs = [s[0] for s in starts]
+    # alone's block is not alive: held's alone must be found, and a module holds it
+    import sys
+    import types
+
+    module = types.ModuleType("memlab_alive_holder")
+    module.HELD = [held]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    tensors, named = leak_search._held_from_modules(torch, "cpu", starts, addrs, frozenset([blocks[0][0]]))
+    assert [t for _, _, t in tensors] == [held]
+    assert named[id(held)] == ["module memlab_alive_holder, global HELD[0]"]
+    # every block alive: alone's has no module's path, and the heap is searched
+    assert leak_search._held_from_modules(torch, "cpu", starts, addrs, frozenset(addrs)) is None
+    # no block alive: nothing to look for
+    visits = []
+    monkeypatch.setattr(leak_search, "_globals_of", lambda *a: visits.append(a) or ())
+    assert leak_search._held_from_modules(torch, "cpu", starts, addrs, frozenset()) == ([], {})
+    assert visits == []
+    monkeypatch.undo()
+
+    # blocks of freed tensors: the heap's search finds no tensor and asks holders_of nothing
+    gone = torch.ones(1000)
+    storage = gone.untyped_storage()
+    freed = [(storage.data_ptr(), storage.nbytes(), None, 0)]
+    del gone, storage
+    asked = []
+    real = leak_search.holders_of
+    monkeypatch.setattr(leak_search, "holders_of", lambda *a, **k: asked.append(a) or real(*a, **k))
+    leak = leak_search.find_many(types.SimpleNamespace(torch=torch), "cpu", [(freed, 0)])[0]
+    assert asked == []
+    assert leak.bytes == 0 and leak.outside == 4000
+    # a tensor in a block: the holders are asked for it
+    leak = leak_search.find_many(types.SimpleNamespace(torch=torch), "cpu", [([blocks[0]], 0)])[0]
+    assert len(asked) == 1 and leak.bytes == 256
+
+
 def test_the_search_imports_no_lazy_module(tmp_path, monkeypatch):
     """A lazy module (importlib.util.LazyLoader) runs its code when an
     attribute is read through it: the end's searches read its globals past

@@ -224,7 +224,7 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     # for, and the storage is held where any of them is
     found: dict[int, tuple] = {}
     grads: dict[int, object] = {}
-    quick = _held_from_modules(torch, device, starts, addrs) if proof and torch is not None else None
+    quick = _held_from_modules(torch, device, starts, addrs, alive) if proof and torch is not None else None
     if quick is not None:
         # every block is held by a tensor a module's globals reach: proven
         # held, each named by that path, without a walk of the heap
@@ -252,13 +252,15 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     deadline = (started or time.perf_counter()) + seconds
     released: dict[int, int] = {}   # block addr -> bytes of excused tensors
     if heap is not None:
-        ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
-            | {id(v) for v in found.values()} | {id(v[1]) for v in found.values()} | set(ignore_ids)
-        # A batch names one holder per tensor: each further path costs the search
-        # a walk of the whole heap per level, for every tensor at once.
         proven: set[int] | None = set() if proof else None
-        named = holders_of([t for _, same in found.values() for t in same], ignore, deadline, grads,
-                           limit=1 if deferred else 2, proven=proven, params=params, heap=heap)
+        named = {}
+        if found:   # (no tensor in the blocks: nothing to name, and no index of the heap to build)
+            ignore = {id(tensors), id(found), id(starts), id(grads)} | {id(t) for t in tensors} \
+                | {id(v) for v in found.values()} | {id(v[1]) for v in found.values()} | set(ignore_ids)
+            # A batch names one holder per tensor: each further path costs the search
+            # a walk of the whole heap per level, for every tensor at once.
+            named = holders_of([t for _, same in found.values() for t in same], ignore, deadline, grads,
+                               limit=1 if deferred else 2, proven=proven, params=params, heap=heap)
         del heap
     if proven is not None and any(all(id(t) not in proven and id(t) not in excused for t in same)
                                   for _, same in found.values()):
@@ -309,7 +311,8 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     return leaks
 
 
-def _held_from_modules(torch, device: str, starts: list, addrs: list) -> tuple[list, dict] | None:
+def _held_from_modules(torch, device: str, starts: list, addrs: list,
+                       alive: frozenset | None = None) -> tuple[list, dict] | None:
     """The tensors in the blocks starts (sorted (addr, size, ...), addrs
     their addresses) that modules' globals reach through built-in
     containers (dict, list, tuple, deque, set, their exact types: no code
@@ -319,13 +322,18 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list) -> tuple[l
     where every block has such a tensor; else None (the heap is searched).
     A module is held by sys.modules, so what its globals reach is no
     garbage: each such block is proven held, and the path names it as
-    holders_of would ("module m, global name[key]").  Objects are told by
+    holders_of would ("module m, global name[key]").  alive: the blocks
+    the allocator still holds allocated (allocated_blocks), where it can
+    say: no tensor lives in any other (freed while memlab did not listen),
+    so only these need one, and with none the walk is not taken at all.  Objects are told by
     their type alone (no isinstance: a deprecated global warns when its
     class is read), and a path is written only for a tensor found."""
     Tensor = torch.Tensor
     want_cuda = device != CPU
     index = cuda_index(device) if want_cuda else None
-    left = {addr for addr, _, _, _ in starts}
+    left = {addr for addr, _, _, _ in starts if alive is None or addr in alive}
+    if not left:
+        return [], {}
     found: dict[int, tuple] = {}   # id(tensor) -> (ptr, nbytes, tensor, link)
     tensor_type: dict[type, bool] = {}
     containers = (dict, list, tuple, deque, set, frozenset)
