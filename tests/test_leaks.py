@@ -713,10 +713,14 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_unconfigure(config):
     print("COLLECTOR", SEEN.get("summary"), gc.isenabled())
 """)
-    result = run(pytester, "\ndef test_keeps():\n    _CACHE.append(cpu_bytes(64 * KiB))\n", "--memlab", "-s",
-                 subprocess=True)
+    # --memlab measures the GPU where there is one, else the CPU: the leak is made where it measures
+    import torch
+
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    result = run(pytester, f"\ndef test_keeps():\n    _CACHE.append(cpu_bytes(64 * KiB).to('{device}'))\n",
+                 "--memlab", "-s", subprocess=True)
     result.assert_outcomes(passed=1, warnings=1)
-    assert "cpu leaked 64.0 KiB after teardown" in result.stdout.str()
+    assert f"{device} leaked 64.0 KiB after teardown" in result.stdout.str()
     assert f"COLLECTOR False {enabled}" in result.stdout.str()
     # a session memlab measured nothing in (no --memlab, no marker) keeps its collector as it was
     result = run(pytester, "\ndef test_keeps():\n    _CACHE.append(cpu_bytes(64 * KiB))\n", "-s", subprocess=True)
