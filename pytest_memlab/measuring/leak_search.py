@@ -322,12 +322,13 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
     where every block has such a tensor; else None (the heap is searched).
     A module is held by sys.modules, so what its globals reach is no
     garbage: each such block is proven held, and the path names it as
-    holders_of would ("module m, global name[key]").  alive: the blocks
-    the allocator still holds allocated (allocated_blocks), where it can
-    say: no tensor lives in any other (freed while memlab did not listen),
-    so only these need one, and with none the walk is not taken at all.  Objects are told by
-    their type alone (no isinstance: a deprecated global warns when its
-    class is read), and a path is written only for a tensor found."""
+    holders_of would ("module m, global name[key]").  Objects are told
+    by their type alone (no isinstance: a deprecated global warns when its
+    class is read), and a path is written only for a tensor found.
+    alive: the blocks the allocator still holds allocated
+    (allocated_blocks), where it can say: no tensor lives in any other
+    (freed while memlab did not listen), so only these need one, and with
+    none the walk is not taken at all."""
     Tensor = torch.Tensor
     want_cuda = device != CPU
     index = cuda_index(device) if want_cuda else None
