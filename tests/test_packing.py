@@ -263,6 +263,20 @@ def test_a_stopping_session_starts_no_new_worker(inner, made_once, monkeypatch):
     assert "[gw3]" not in out, out
 
 
+def test_a_test_larger_than_the_capacity_is_named_on_the_cpu(inner, made_once):
+    """The CPU has no worker context: a test whose own figure is more than
+    the capacity runs alone, and the summary names it."""
+    write_baseline(inner, made_once)
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=5MiB",
+                                        "--memlab-baseline=bl.json", "-k", "big or (small and 0)")
+    result.assert_outcomes(passed=4)
+    spans = held(inner.path)
+    assert not overlapping(spans), spans
+    result.stdout.fnmatch_lines(["*3 test(s) need more than the capacity (5.0 MiB) by the baseline's figures: "
+                                 "each ran alone, and more than the capacity was in use while it ran: "
+                                 "test_held.py::test_big[[]0[]], test_held.py::test_big[[]1[]], test_held.py::test_big[[]2[]]"])
+
+
 def test_bad_input_is_named(inner):
     inner.makepyfile(test_one="def test_one():\n    pass\n")
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=lots")
@@ -279,6 +293,19 @@ def test_bad_input_is_named(inner):
     result = inner.runpytest_subprocess("--memlab-pack")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*--memlab-pack works under pytest-xdist (-n N) only; this run has no workers*"])
+    # another --dist than load: packed one by one, and said
+    result = inner.runpytest_subprocess("-n", "2", "--dist", "loadfile", "--memlab-pack",
+                                        "--memlab-pack-capacity=1GiB")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*--memlab-pack: the tests were packed one by one; --dist loadfile's grouping "
+                                 "was not kept*"])
+    # the ini's capacity is set once and waits for a run with --memlab-pack
+    inner.makeini("[pytest]\nmemlab_pack_capacity = 8MiB\n")
+    result = inner.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["pytest-memlab pack (cpu, capacity 8.0 MiB)*"])
 
 
 class _Worker:

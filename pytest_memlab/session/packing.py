@@ -698,19 +698,26 @@ class PackScheduling:
         there: they ran alone, yet the other workers' contexts (and what
         they kept) were still on the card, so they may run out of memory
         packed where serially they would not."""
-        if self.collection is None or not self.plan.context:
+        if self.collection is None:
             return []
         lines = []
         for device, capacity in self.plan.capacity.items():
             workers = self.plan.workers_on(device, self.numnodes)
             room = capacity - workers * self.plan.context
             big = [n for n in self.collection if self.plan.footprint.get(n, 0) > room]
-            if big:
-                where = "" if device == "cpu" else f" on GPU {device}"
-                lines.append(f"  {len(big)} test(s) need more than the card less {workers} workers' contexts "
-                             f"({format_size(room)}{where}): they ran alone, but beside the other workers' "
-                             f"contexts they may run out of memory where serially they would not (fewer workers, "
-                             f"or without -n): {', '.join(big[:3])}{', ...' if len(big) > 3 else ''}")
+            if not big:
+                continue
+            names = f"{', '.join(big[:3])}{', ...' if len(big) > 3 else ''}"
+            if not self.plan.context:   # the CPU: no context a worker holds, the capacity alone
+                lines.append(f"  {len(big)} test(s) need more than the capacity ({format_size(capacity)}) "
+                             f"by the baseline's figures: each ran alone, and more than the capacity was in use "
+                             f"while it ran: {names}")
+                continue
+            where = "" if device == "cpu" else f" on GPU {device}"
+            lines.append(f"  {len(big)} test(s) need more than the card less {workers} workers' contexts "
+                         f"({format_size(room)}{where}): they ran alone, but beside the other workers' "
+                         f"contexts they may run out of memory where serially they would not (fewer workers, "
+                         f"or without -n): {names}")
         return lines
 
 

@@ -85,6 +85,10 @@ class MemlabSession:
                 self.notes.append("--memlab-pack: --dist each runs every test on every worker; not packed")
             else:
                 self.pack_plan = make_plan(config, options, self.baseline)
+                dist = getattr(config.option, "dist", "load")
+                if dist not in ("load", "no"):
+                    self.notes.append(f"--memlab-pack: the tests were packed one by one; --dist {dist}'s "
+                                      "grouping was not kept")
 
     def kept_bytes(self, nodeid: str, kind: str) -> int:
         """What a finished test kept past its teardown on devices of kind
