@@ -520,9 +520,11 @@ if os.environ.get("ODD_WORKER", "-") == os.environ.get("PYTEST_XDIST_WORKER"):
     result = inner.runpytest_subprocess(*args, "--debug")
     result.assert_outcomes(passed=12)
     err = result.stderr.str()
-    collected = re.findall(r"\[packsched\] \+[\d.]+s (gw\d) collected 12 tests", err)
+    # (xdist's --debug writes a line's "[name]" and its message apart, and the processes' lines
+    # interleave on one stderr: the messages alone are looked for)
+    collected = re.findall(r"\+[\d.]+s (gw\d) collected 12 tests", err)
     # where each test ran, as xdist itself logs it (a test queued ahead starts unasked)
-    ran = re.findall(r"\[dsession\] calling method worker_logstart \{'node': <WorkerController (gw\d)>", err)
+    ran = re.findall(r"calling method worker_logstart \{'node': <WorkerController (gw\d)>", err)
     assert len(ran) == 12 and len(set(ran)) >= 2 and set(ran) <= set(collected), err[-3000:]
 
     monkeypatch.setenv("ODD_WORKER", "gw3")
