@@ -132,7 +132,8 @@ def capacity(value: str) -> int:
     except SizeError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: a capacity must be more than 0 bytes")
+        # (a size below one byte, 0.5, is 0 bytes: said, not left to be guessed)
+        raise argparse.ArgumentTypeError(f"{value!r} is {n} bytes: a capacity must be more than 0 bytes")
     return n
 
 

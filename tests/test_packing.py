@@ -277,6 +277,17 @@ def test_a_test_larger_than_the_capacity_is_named_on_the_cpu(inner, made_once):
                                  "test_held.py::test_big[[]0[]], test_held.py::test_big[[]1[]], test_held.py::test_big[[]2[]]"])
 
 
+def test_a_capacity_below_one_byte_is_said_to_be_zero():
+    import argparse
+
+    from pytest_memlab.options import capacity
+
+    assert capacity("10MiB") == 10 * MiB and capacity("1B") == 1
+    for value in ("0", "0.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"'{value}' is 0 bytes: a capacity must be more than 0"):
+            capacity(value)
+
+
 def test_bad_input_is_named(inner):
     inner.makepyfile(test_one="def test_one():\n    pass\n")
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=lots")
