@@ -532,7 +532,7 @@ class Options:
         gpus = _option_or_ini(config, "memlab_gpus_per_worker", positive_int)
         pack_capacity = _option_or_ini(config, "memlab_pack_capacity", capacity)
         pack = _flag(config, "memlab_pack")
-        if pack_capacity is not None and not pack and config.getoption("memlab_pack_capacity") is not None:
+        if not pack and config.getoption("memlab_pack_capacity") is not None:
             # (the ini's value waits for a run with --memlab-pack: it is set once, the flag per run)
             raise pytest.UsageError("--memlab-pack-capacity is what --memlab-pack fills: add --memlab-pack")
         for kind in ("json", "html"):

@@ -697,7 +697,8 @@ class PackScheduling:
         """Tests larger than their device less every worker's context
         there: they ran alone, yet the other workers' contexts (and what
         they kept) were still on the card, so they may run out of memory
-        packed where serially they would not."""
+        packed where serially they would not.  On the CPU (no context):
+        tests larger than the capacity itself."""
         if self.collection is None:
             return []
         lines = []

@@ -78,14 +78,14 @@ class MemlabSession:
         self.packing: PackScheduling | None = None  # its scheduler, once xdist asked for one
         if options.pack and self.controller is not None:
             workers = config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None)
+            dist = getattr(config.option, "dist", "load")
             if not workers:
                 self.notes.append("--memlab-pack works under pytest-xdist (-n N) only; this run has no "
                                   "workers: its tests ran one after another")
-            elif getattr(config.option, "dist", "load") == "each":
+            elif dist == "each":
                 self.notes.append("--memlab-pack: --dist each runs every test on every worker; not packed")
             else:
                 self.pack_plan = make_plan(config, options, self.baseline)
-                dist = getattr(config.option, "dist", "load")
                 if dist not in ("load", "no"):
                     self.notes.append(f"--memlab-pack: the tests were packed one by one; --dist {dist}'s "
                                       "grouping was not kept")
