@@ -13,6 +13,11 @@ against the serial run's test by test, and the packed runs' summaries.
 
 --generate writes the memory-heavy suite into SUITE_DIR first: 16 tests,
 each holding 5% to 30% of the GPU's memory for 1.5 s (issue 50's suite).
+--generate-fixtures writes instead a suite whose tests share module-scoped
+fixtures: three modules, each with a fixture holding 22% of the GPU and
+six tests holding 8% for 1 s; every worker that runs a module's tests
+builds its own copy of its fixture (what --memlab-pack counts per worker).
+
 Exit status 1 when a packed run has an out-of-memory failure or an
 outcome that differs from the serial run's.
 """
@@ -56,6 +61,46 @@ def test_hold(share, request):
     if spans:   # when this test held its memory, for the bench's timeline
         with open(os.path.join(spans, request.node.callspec.id + ".json"), "w") as f:
             json.dump([share, start, held, time.time(), os.environ.get("PYTEST_XDIST_WORKER", "-")], f)
+'''
+
+# three modules of GENERATED_FIXTURES: their fixtures' shares and the tests'
+FIXTURE_SHARE, FIXTURE_TEST_SHARE, FIXTURE_MODULES, FIXTURE_TESTS = 0.22, 0.08, "abc", 6
+
+GENERATED_FIXTURES = '''
+import json
+import os
+import time
+
+import pytest
+import torch
+
+
+def span(name, share, start, held):
+    spans = os.environ.get("PACK_SPANS")
+    if spans:   # when this held its memory, for the bench's timeline
+        with open(os.path.join(spans, name + ".json"), "w") as f:
+            json.dump([share, start, held, time.time(), os.environ.get("PYTEST_XDIST_WORKER", "-")], f)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    start = time.time()
+    w = torch.ones(int(torch.cuda.mem_get_info()[1] * {fixture_share}), dtype=torch.uint8, device="cuda")
+    held = time.time()
+    yield w
+    assert int(w[-1]) == 1
+    del w
+    span(f"{{__name__}}-weights-{{os.getpid()}}", {fixture_share}, start, held)
+
+
+@pytest.mark.parametrize("i", range({tests}))
+def test_with_weights(weights, i, request):
+    start = time.time()
+    x = torch.ones(int(torch.cuda.mem_get_info()[1] * {test_share}), dtype=torch.uint8, device="cuda")
+    held = time.time()
+    time.sleep(1.0)
+    assert int(x[-1]) == 1 and int(weights[0]) == 1
+    span(f"{{__name__}}-{{request.node.callspec.id}}", {test_share}, start, held)
 '''
 
 
@@ -152,6 +197,7 @@ def main() -> int:
     ap.add_argument("suite")
     ap.add_argument("--workers", default="4,8")
     ap.add_argument("--generate", action="store_true")
+    ap.add_argument("--generate-fixtures", action="store_true")
     ap.add_argument("--serial-plain", action="store_true")
     ap.add_argument("--measured-plain", action="store_true",
                     help="also -n N measured under xdist's own scheduler: what measuring costs apart from packing")
@@ -168,6 +214,13 @@ def main() -> int:
         with open(os.path.join(suite, "test_held_memory.py"), "w") as f:
             f.write(GENERATED.format(shares=SHARES))
         rest = rest or ["test_held_memory.py"]
+    if args.generate_fixtures:
+        os.makedirs(suite, exist_ok=True)
+        for m in FIXTURE_MODULES:
+            with open(os.path.join(suite, f"test_fixture_{m}.py"), "w") as f:
+                f.write(GENERATED_FIXTURES.format(fixture_share=FIXTURE_SHARE, test_share=FIXTURE_TEST_SHARE,
+                                                  tests=FIXTURE_TESTS))
+        rest = rest or [f"test_fixture_{m}.py" for m in FIXTURE_MODULES]
     name = args.name or os.path.basename(suite)
     tmp = tempfile.mkdtemp(prefix="memlab-pack-")
     cache = os.path.join(tmp, "cache")

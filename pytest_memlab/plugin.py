@@ -135,18 +135,27 @@ class MemlabPlugin:
             # pytest's own function fixtures, a parametrized argument's
             # value above all (kornia's tests set up four or five a test),
             # run no user code: no bracket, no trace window
+            if fixturedef.scope != "function":   # an instance set up unmeasured: its size is not known
+                self.session.broad_fixtures.forget(fixturedef)
             return (yield)
         item, run = self._running
         started = run.fixture_begin(fixturedef.scope, request.node is item)
         if not started and not WINDOWED:
             # 3.12+: no detached scope (a function fixture, about six a
             # test) and no window to open (one shared no-op)
+            if fixturedef.scope != "function":
+                self.session.broad_fixtures.forget(fixturedef)
             return (yield)
         try:
             with self.current.window():
-                return (yield)
-        finally:
+                result = yield
+        except BaseException:
             run.fixture_end(started)
+            raise
+        held = run.fixture_end(started)
+        if fixturedef.scope != "function":
+            self.session.broad_fixtures.set_up(fixturedef, request, held)
+        return result
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
@@ -238,6 +247,11 @@ class MemlabPlugin:
             options = self.options
             result = run.result(options.top, options.details if options.detail else "",
                                 self.session.baseline is not None, options.update_baseline)
+            broad = self.session.broad_fixtures
+            if broad.known and (self.session.baseline is not None or options.pack):
+                for device, d in result.devices.items():   # for packed runs: the copies each worker holds
+                    if d.measured:
+                        d.fixtures = broad.of_test(item, device)
             report.user_properties.extend(encode(result))
             self.session.made(result)
             # Keeping every test's measurement would grow what the garbage

@@ -277,6 +277,90 @@ def test_a_test_larger_than_the_capacity_is_named_on_the_cpu(inner, made_once):
                                  "test_held.py::test_big[[]0[]], test_held.py::test_big[[]1[]], test_held.py::test_big[[]2[]]"])
 
 
+# A module whose module-scoped fixture holds 5 MiB while its three tests
+# hold 1 MiB each, and a module of three tests holding 2 MiB and no such
+# fixture.  Every worker that runs a test of the first builds its own copy
+# of the fixture; each copy writes when it lived.
+BROAD = """
+import json, os, time
+import pytest, torch
+
+from test_held import hold
+
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def model():
+    start = time.time()
+    weights = torch.ones(5 * MiB, dtype=torch.uint8)
+    yield weights
+    os.makedirs("held", exist_ok=True)
+    with open(f"held/model-{os.getpid()}.json", "w") as f:
+        json.dump([f"model-{os.getpid()}", 5, start, time.time()], f)
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_with_model(model, i):
+    hold(f"with_model{i}", 1)
+"""
+MEDIUM = """
+import pytest
+
+from test_held import hold
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_medium(i):
+    hold(f"medium{i}", 2)
+"""
+
+
+def test_each_workers_copy_of_a_broader_fixture_is_counted(inner):
+    """The serial baseline names the module fixture each test needs, with
+    what its setup held; packed into 8 MiB on two workers, a second copy
+    (5 + 5 MiB and the tests') never lives beside the first, while a test
+    of the other module runs beside the fixture's tests (5 + 1 + 2 MiB).
+    What was held at once, read from the tests and the fixture's copies
+    themselves, never passes the capacity."""
+    inner.makepyfile(test_held=SUITE, test_broad=BROAD, test_medium=MEDIUM)
+    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
+                                         "test_broad.py", "test_medium.py")
+    written.assert_outcomes(passed=6)
+    tests = json.loads((inner.path / "bl.json").read_text())["tests"]
+    for i in range(3):
+        needs = tests[f"test_broad.py::test_with_model[{i}]"]["cpu"]["fixtures"]
+        assert list(needs) == ["test_broad.py::model"] and 5 * MiB <= needs["test_broad.py::model"] < 6 * MiB
+        assert tests[f"test_broad.py::test_with_model[{i}]"]["cpu"]["peak"] < 2 * MiB   # the fixture is not the test's
+        assert "fixtures" not in tests[f"test_medium.py::test_medium[{i}]"]["cpu"]
+    shutil.rmtree(inner.path / "held")
+    result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=8MiB",
+                                        "--memlab-baseline=bl.json", "test_broad.py", "test_medium.py")
+    result.assert_outcomes(passed=6)
+    spans = held(inner.path)
+    copies = [s for s in spans if s[0].startswith("model-")]
+    assert len(spans) == 6 + len(copies) and copies, spans
+    moments = sorted({t for s in spans for t in s[2:]})
+    for a, b in zip(moments, moments[1:]):   # each stretch between two events: what lived throughout it
+        mid = (a + b) / 2
+        assert sum(mib for _, mib, start, end in spans if start < mid < end) <= 8, (mid, spans)
+    assert (1, 2) in overlapping(spans), spans   # the other module's tests did run beside the fixture's
+    result.stdout.fnmatch_lines(["*counted on every worker that needed it: its own copy of each of 1 broader "
+                                 "fixture(s) (class, module, package or session scope; the largest 5.0 MiB)"])
+
+
+def test_which_broader_fixture_instance_a_test_lies_under():
+    from pytest_memlab.measuring.broad_fixtures import encloses
+
+    assert encloses("::model", "tests/test_a.py::test_x")                         # the session's
+    assert encloses("tests/test_a.py::model", "tests/test_a.py::TestX::test_y")   # the module's
+    assert not encloses("tests/test_a.py::model", "tests/test_b.py::test_x")
+    assert encloses("tests/test_a.py::TestX::model[1]", "tests/test_a.py::TestX::test_y[2]")   # a class's, a param's
+    assert not encloses("tests/test_a.py::TestX::model", "tests/test_a.py::TestXY::test_y")
+    assert encloses("tests/sub::model", "tests/sub/test_a.py::test_x")           # a package's
+    assert not encloses("tests/sub::model", "tests/subway/test_a.py::test_x")
+
+
 def test_a_capacity_below_one_byte_is_said_to_be_zero():
     import argparse
 

@@ -156,11 +156,14 @@ def _check_sites(bad, nodeid: str, device: str, sites) -> None:
 
 def _check_named_bytes(bad, nodeid: str, device: str, key: str, value) -> None:
     """Each phase's peak (phases), the bytes at the peak by kind (kinds) at
-    the last update: shown, never compared."""
+    the last update: shown, never compared; the broader fixtures the test
+    needs, each with what its setup held (fixtures): what --memlab-pack
+    counts per worker."""
     if not isinstance(value, dict) or any(
             not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in value.values()):
+        what = {"phases": "phase", "kinds": "kind", "fixtures": "fixture"}[key]
         raise bad(f"test {nodeid!r}, device {device!r}: {key} is {value!r}, expected an object of "
-                  f"{'phase' if key == 'phases' else 'kind'} -> bytes")
+                  f"{what} -> bytes")
 
 
 def _environment(bad, name: str, data: dict) -> Environment:
@@ -180,7 +183,7 @@ def _environment(bad, name: str, data: dict) -> Environment:
                 if key == "sites":
                     _check_sites(bad, nodeid, device, value)
                     continue
-                if key in ("phases", "kinds"):
+                if key in ("phases", "kinds", "fixtures"):
                     _check_named_bytes(bad, nodeid, device, key, value)
                     continue
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

@@ -143,9 +143,13 @@ class TestRun:
         return started
 
     @staticmethod
-    def fixture_end(started: list) -> None:
+    def fixture_end(started: list) -> dict[str, int]:
+        """Closes fixture_begin's scopes; returns the most the fixture's
+        setup held on each device (its own peak)."""
+        held = {}
         for meter in reversed(started):
-            meter.end()
+            held[meter.device] = meter.end().peak or 0
+        return held
 
     def repeat(self, item, allowed: dict[str, int], times: int) -> None:
         """--memlab-leak-repeat: the call again, times times, in the same

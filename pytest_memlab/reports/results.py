@@ -34,7 +34,8 @@ _TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
              "peak_with_kept", "kept", "first_use")
-_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kind_max", "phase_kinds")
+_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kind_max", "phase_kinds",
+              "fixtures")
 _STR_KEYS = ("reason", "name", "baseline", "gpu", "kinds_note")
 
 
@@ -68,6 +69,9 @@ class DeviceResult:
     max_total: int | None = None
     max_reserved: int | None = None
     top: list = field(default_factory=list)  # heaviest lines: {file, line, function, bytes, peak_total}
+    # the broader fixture instances the test needs, each with what its setup
+    # held (measuring.broad_fixtures): what --memlab-pack counts per worker
+    fixtures: dict | None = None
     name: str = ""                   # as the test asked for it: the baseline's key
     gpu: str = ""                    # the machine's GPU behind a narrowed CUDA_VISIBLE_DEVICES (devices.machine_gpu)
     baseline_peak: int | None = None
@@ -84,6 +88,8 @@ class DeviceResult:
             entry["phases"] = dict(self.phases)
         if self.kinds:    # shown; a regression says which kind grew
             entry["kinds"] = dict(self.kinds)
+        if self.fixtures:   # packing's, never compared
+            entry["fixtures"] = dict(self.fixtures)
         return entry
 
     @classmethod

@@ -42,6 +42,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from ..measuring.broad_fixtures import encloses
 from ..sizes import format_size
 from .gpu_pinning import visible_gpus, worker_gpus
 
@@ -122,6 +123,27 @@ def footprints(tests: dict, kind: str) -> dict[str, int]:
     return out
 
 
+def fixture_needs(tests: dict, kind: str) -> dict[str, dict[str, int]]:
+    """Each test's broader fixture instances on devices of kind, from a
+    baseline lane's entries: {nodeid: {instance key: bytes}} (the most of
+    its devices of that kind), for the tests that need any."""
+    out: dict[str, dict[str, int]] = {}
+    for nodeid, devices in tests.items():
+        if not isinstance(devices, dict):
+            continue
+        for key, entry in devices.items():
+            if key.split("@", 1)[0].split(":", 1)[0] != kind or not isinstance(entry, dict):
+                continue
+            needs = entry.get("fixtures")
+            if not isinstance(needs, dict):
+                continue
+            mine = out.setdefault(nodeid, {})
+            for name, n in needs.items():
+                if isinstance(n, int) and n > 0:
+                    mine[name] = max(n, mine.get(name, 0))
+    return {k: v for k, v in out.items() if v}
+
+
 @dataclass
 class PackPlan:
     """What the scheduler packs by: the device kind, each device's
@@ -136,6 +158,9 @@ class PackPlan:
     kept_cache: int = 0                          # bytes of its caching allocator's blocks a worker keeps between
                                                  # tests where the card has room (0: it returns beyond KEPT_CACHE_BYTES)
     made: float = field(default_factory=time.monotonic)            # when the session started (the plan is made then)
+    # nodeid -> {instance key: bytes}: the broader fixtures each test needs
+    # (measuring.broad_fixtures); every worker holds its own copy of each
+    fixtures: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def workers_on(self, device: str, workers: int) -> int:
         """How many of workers (gw0 ...) this plan packs on device."""
@@ -199,6 +224,7 @@ class PackScheduling:
         self.node2pending: dict = {}                  # node -> [running (or next), next]
         self.started: dict = {}                       # node -> index of the test it runs now
         self.resident: dict = {}                      # node -> bytes its finished tests kept
+        self.alive: dict = {}                         # node -> {instance key: bytes}: its broader fixtures now
         self.pending: list[int] = []
         self.alone_at_end: list[int] = []             # re-runs, each alone, at the end
         self.rerun: set[int] = set()                  # tests re-run (their first failure set aside)
@@ -225,6 +251,7 @@ class PackScheduling:
         self.strays: set = set()                       # workers that collected other tests than the first: none run here
         self.first: tuple[str, list] | None = None     # the first worker's id and collection: the one every worker must have
         self.largest = 0                               # the suite's largest footprint (known when scheduling begins)
+        self.largest_fixtures = max(map(sum, map(dict.values, plan.fixtures.values())), default=0)
 
     # -- xdist's interface ----------------------------------------------------
     @property
@@ -312,6 +339,7 @@ class PackScheduling:
         pending = self.node2pending.pop(node)
         was_running = self.started.pop(node, None) is not None or node.shutting_down
         self.resident.pop(node, None)
+        self.alive.pop(node, None)
         self.waiting.pop(node, None)
         if not pending:
             self._fill()
@@ -373,6 +401,33 @@ class PackScheduling:
             return None   # a re-run runs alone
         return self.plan.footprint.get(self.collection[index])
 
+    def _after(self, alive: dict, index: int) -> dict:
+        """A worker's broader fixture instances once index starts there:
+        those whose scope the test lies in (pytest tore the others down
+        before it) and those it needs."""
+        nodeid = self.collection[index]
+        out = {k: v for k, v in alive.items() if encloses(k, nodeid)}
+        out.update(self.plan.fixtures.get(nodeid, ()))
+        return out
+
+    def _fixture_bytes(self, node, then=(), from_now: bool = True) -> int:
+        """The most node's broader fixtures hold at once while its tests in
+        then run one after another (each its own copy: a worker builds
+        every instance it needs); from_now: counting those alive there now
+        (while its current test runs, or until its next starts)."""
+        if not self.plan.fixtures:
+            return 0
+        alive = self.alive.get(node) or {}
+        most = sum(alive.values()) if from_now else 0
+        for index in then:
+            alive = self._after(alive, index)
+            most = max(most, sum(alive.values()))
+        return most
+
+    def _unstarted(self, node, indices) -> list:
+        running = self.started.get(node)
+        return [i for i in indices if i != running]
+
     def _running_on(self, device: str, leave_out=None) -> list:
         return [n for n in self.started if n is not leave_out and self.plan.device_of(n.gateway.id) == device]
 
@@ -400,12 +455,13 @@ class PackScheduling:
         added up (one test: its footprint; a test without a figure: the
         whole device)."""
         held = 0
-        for index in self._approved(node):
+        approved = self._approved(node)
+        for index in approved:
             need = self.footprint(index)
             if need is None:
                 return self.plan.capacity[self.plan.device_of(node.gateway.id)]
             held += need
-        return held
+        return held + self._fixture_bytes(node, self._unstarted(node, approved))
 
     def _in_use(self, device: str, leave_out=None) -> int:
         """The bytes planned in use on device: each worker's context and
@@ -430,7 +486,8 @@ class PackScheduling:
         need = self.footprint(index)
         if need is None or any(self.footprint(self.started[n]) is None for n in beside):
             return False   # (a test that runs alone has the device to itself, whatever fits beside it)
-        mine = self.plan.context + self.resident.get(node, 0) + need
+        mine = self.plan.context + self.resident.get(node, 0) + need \
+            + self._fixture_bytes(node, [index], from_now=False)
         return self._in_use(device, leave_out=node) + mine + reserve <= self.plan.capacity[device]
 
     def _may_start(self, node, index: int) -> bool:
@@ -445,9 +502,11 @@ class PackScheduling:
         if not ahead:
             return self._fits(node, index)
         first = ahead[0]
-        need = self.footprint(self.node2pending[first][0])
+        head = self.node2pending[first][0]
+        need = self.footprint(head)
         if need is None:   # a test that runs alone waits for an idle device: nothing starts before it
             return False
+        need += self._fixture_bytes(first, [head], from_now=False)
         return self._fits(node, index, reserve=self.plan.context + self.resident.get(first, 0) + need)
 
     def _planned(self, device: str, leave_out=None) -> int:
@@ -459,7 +518,8 @@ class PackScheduling:
         for node, queue in self.node2pending.items():
             if node is leave_out or self.plan.device_of(node.gateway.id) != device:
                 continue
-            used += self.plan.context + self.resident.get(node, 0)
+            used += self.plan.context + self.resident.get(node, 0) \
+                + self._fixture_bytes(node, self._unstarted(node, queue))
             if queue:   # (queued ahead: the most of what follows the one it runs)
                 needs = [self.footprint(i) for i in (queue[1:] or queue)]
                 used += self.plan.capacity[device] if None in needs else max(needs)
@@ -477,8 +537,17 @@ class PackScheduling:
         device = self.plan.device_of(node.gateway.id)
         room = self.plan.capacity[device] - self._planned(device, leave_out=node) \
             - self.plan.context - self.resident.get(node, 0)
-        fitting = [(need, -k) for k, need in enumerate(map(self.footprint, self.pending[:64]))
-                   if need is not None and need <= room]
+        if self.plan.fixtures:   # each candidate with the copies of broader fixtures it would build here
+            queue = self._unstarted(node, self.node2pending.get(node, []))
+            alive = self.alive.get(node) or {}
+            for index in queue:
+                alive = self._after(alive, index)
+            before = self._fixture_bytes(node, queue, from_now=False)
+            needs = [None if need is None else need + max(before, sum(self._after(alive, i).values()))
+                     for i, need in zip(self.pending[:64], map(self.footprint, self.pending[:64]))]
+        else:
+            needs = list(map(self.footprint, self.pending[:64]))
+        fitting = [(need, -k) for k, need in enumerate(needs) if need is not None and need <= room]
         if fitting:
             best = 0 if fitting[0][1] == 0 else -max(fitting)[1]
             return self.pending.pop(best)
@@ -535,6 +604,8 @@ class PackScheduling:
                                        if n is not node and self.plan.device_of(n.gateway.id) == device):
             self.beside.add(index)
         self.started[node] = index
+        if self.plan.fixtures:
+            self.alive[node] = self._after(self.alive.get(node) or {}, index)
         self.began_at[node] = self.last_event[node] = next(self.ticks)
         if self.footprint(index) is None and index not in self.rerun:
             self.stats.alone += 1
@@ -570,14 +641,15 @@ class PackScheduling:
         workers = len(on_device) + len(self.to_come) + len(self.replacing)
         # each worker's approved tests (all but its last queued) at the
         # suite's largest, added up (what each may keep before the next)
-        worst = self._to_come_on(device) + workers * (AHEAD - 1) * self.largest \
+        worst = self._to_come_on(device) + workers * ((AHEAD - 1) * self.largest + self.largest_fixtures) \
             + sum(self.plan.context + self.resident.get(n, 0) for n in on_device)
         if worst > self.plan.capacity[device]:
             return False
         needs = [self.footprint(i) for i in queue]
         if None in needs or any(self.footprint(self.started[n]) is None for n in self._running_on(device)):
             return False
-        mine = self.plan.context + self.resident.get(node, 0) + sum(needs)
+        mine = self.plan.context + self.resident.get(node, 0) + sum(needs) \
+            + self._fixture_bytes(node, self._unstarted(node, queue))
         if self._in_use(device, leave_out=node) + mine > self.plan.capacity[device]:
             return False
         index = self._next_for(node, only_fitting=True)
@@ -684,6 +756,11 @@ class PackScheduling:
             if alone > 0 and start + wall >= alone:
                 lines.append(f"  -n did not pay here: the workers' start ({start:.1f} s) and the tests ({wall:.1f} s) "
                              f"took longer than {what} ({alone:.1f} s); run these tests without -n")
+        if plan.fixtures:
+            instances = {k: n for needs in plan.fixtures.values() for k, n in needs.items()}
+            lines.append(f"  counted on every worker that needed it: its own copy of each of {len(instances)} "
+                         f"broader fixture(s) (class, module, package or session scope; the largest "
+                         f"{format_size(max(instances.values()))})")
         if plan.kept_cache:
             lines.append(f"  the workers kept their caching allocators' blocks between tests: the card has room for "
                          f"them (counted with each worker's context: {format_size(plan.context)})")
@@ -723,6 +800,7 @@ class PackScheduling:
 
 
 CACHE_KEY = "memlab/pack-footprints"   # pytest's cache: footprints measured by runs, for tests not in the baseline
+FIXTURES_KEY = "memlab/pack-fixtures"   # ... and the broader fixtures each needs
 DURATIONS_KEY = "memlab/serial-durations"   # pytest's cache: each test's seconds in the last serial run that measured it
 
 
@@ -738,6 +816,7 @@ def make_plan(config, options, baseline) -> PackPlan:
     on_gpu = bool(free) and (not tests or any(key.startswith("cuda") for d in tests.values() for key in d))
     kind = "cuda" if on_gpu else "cpu"
     footprint = footprints(tests, kind)
+    fixtures = fixture_needs(tests, kind)
     cache = getattr(config, "cache", None)
     if cache is not None:
         measured = cache.get(f"{CACHE_KEY}/{kind}", {})
@@ -745,6 +824,13 @@ def make_plan(config, options, baseline) -> PackPlan:
             for nodeid, n in measured.items():
                 if isinstance(n, int) and n >= 0:
                     footprint[nodeid] = max(n, footprint.get(nodeid, 0))
+        needs = cache.get(f"{FIXTURES_KEY}/{kind}", {})
+        if isinstance(needs, dict):
+            for nodeid, known in needs.items():
+                if nodeid not in fixtures and isinstance(known, dict):
+                    known = {k: n for k, n in known.items() if isinstance(n, int) and n > 0}
+                    if known:
+                        fixtures[nodeid] = known
     serial = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
     serial = {k: v for k, v in serial.items() if isinstance(v, (int, float))} if isinstance(serial, dict) else {}
     if kind == "cpu":
@@ -752,7 +838,7 @@ def make_plan(config, options, baseline) -> PackPlan:
             raise pytest.UsageError(
                 "--memlab-pack: no GPU here, and the CPU has no capacity of its own to pack by: "
                 "give one with --memlab-pack-capacity=SIZE (for example 8GiB)")
-        return PackPlan("cpu", {"cpu": options.pack_capacity}, footprint, serial=serial)
+        return PackPlan("cpu", {"cpu": options.pack_capacity}, footprint, serial=serial, fixtures=fixtures)
     if options.pack_capacity is not None:
         cap = {gpu: options.pack_capacity for gpu in free}
     else:
@@ -764,7 +850,7 @@ def make_plan(config, options, baseline) -> PackPlan:
         if gpus:
             workers[f"gw{i}"] = gpus[0]
     plan = PackPlan("cuda", cap, footprint, context=CONTEXT_BYTES + KEPT_CACHE_BYTES, worker_devices=workers,
-                    serial=serial)
+                    serial=serial, fixtures=fixtures)
     cache_bound = max(KEPT_CACHE_BYTES, reserved_peak(tests))
     if roomy(plan, count, cache_bound):
         plan.kept_cache, plan.context = cache_bound, CONTEXT_BYTES + cache_bound
@@ -818,14 +904,25 @@ def remember_footprints(config, results: dict, kinds=("cpu", "cuda")) -> None:
         known = cache.get(key, {})
         if not isinstance(known, dict):
             known = {}
+        fixtures_key = f"{FIXTURES_KEY}/{kind}"
+        needs = cache.get(fixtures_key, {})
+        if not isinstance(needs, dict):
+            needs = {}
         for nodeid, result in results.items():
-            held = 0
+            held, mine = 0, {}
             for name, device in result.devices.items():
                 if name.split(":", 1)[0] != kind or not device.measured or device.peak is None:
                     continue
                 held = max(held, held_at_once(device.peak, device.first_use))
+                for instance, n in (device.fixtures or {}).items():
+                    mine[instance] = max(n, mine.get(instance, 0))
             known[nodeid] = held
+            if mine:
+                needs[nodeid] = mine
+            else:
+                needs.pop(nodeid, None)
         cache.set(key, known)
+        cache.set(fixtures_key, needs)
 
 
 def remember_serial_durations(config, durations: dict[str, float]) -> None:

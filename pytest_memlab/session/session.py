@@ -26,6 +26,7 @@ from ..judging.findings import Cache
 from ..judging.messages import cache_report, leak_report
 from ..judging.verdicts import MemlabLeakWarning, sort_suspects
 from ..measuring.leak_search import HOLDER_SECONDS, first_use_held, parameter_roots
+from ..measuring.broad_fixtures import BroadFixtures
 from ..measuring.leak_suspects import LeakSuspects
 from ..options import FILE_REPORTS
 from ..reports import dashboards, html_report, json_report, pr_summary
@@ -57,6 +58,7 @@ class MemlabSession:
         self.suspects = LeakSuspects()     # tests whose leak verdict comes at the end
         self.late: dict[str, dict] = {}    # nodeid -> device -> what the end's leak check found
         self.caches: list[dict] = []       # {device, holder, bytes, tests}
+        self.broad_fixtures = BroadFixtures()   # what this process's broader fixtures hold
         self.children = ChildWatch(config.rootpath, options.include, options.top) if options.children else None
         self.baseline: Baseline | None = self._load_baseline()
         self.env: str | None = options.baseline_env
