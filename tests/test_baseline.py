@@ -98,6 +98,10 @@ def test_write_then_compare_unchanged_passes(inner, dev):
     assert steady["peak"] == 4 * 2**20 and steady["leaked"] == 0
     assert set(steady) == {"peak", "peak_total", "reserved_peak", "leaked", "first_use", "sites"}
     assert data["tests"]["test_suite.py::test_param[2]"][dev]["peak"] == 8 * 2**20
+    # written again with the same figures: nothing changed
+    write(inner).stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]] updated: 5 tests written (0 new, 0 changed)"])
+    assert (inner.path / "bl.json").read_text() == text
+
     if dev == "cuda":
         assert steady["reserved_peak"] >= steady["peak"]
     else:
@@ -107,6 +111,15 @@ def test_write_then_compare_unchanged_passes(inner, dev):
     assert result.ret == 0
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines([f"baseline bl.json [[]{LANE}[]]: 5 compared"])
+
+
+def test_a_test_with_no_lines_is_not_changed_by_writing_it_again(inner):
+    """A test that allocated nothing has no heavy lines: written again, it
+    is the same entry ([] as it was written), not a change."""
+    inner.makepyfile(test_none="def test_nothing():\n    pass\n")
+    for new in (1, 0):
+        result = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline")
+        result.stdout.fnmatch_lines([f"baseline bl.json [[]*[]] updated: 1 test written ({new} new, 0 changed)"])
 
 
 @pytest.mark.parametrize("dev", DEVICES)

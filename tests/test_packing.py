@@ -316,26 +316,30 @@ def test_medium(i):
 """
 
 
-def test_each_workers_copy_of_a_broader_fixture_is_counted(inner):
+@pytest.mark.parametrize("broad, medium", [("test_broad", "test_medium"), ("test_z_broad", "test_a_medium")])
+def test_each_workers_copy_of_a_broader_fixture_is_counted(inner, broad, medium):
     """The serial baseline names the module fixture each test needs, with
     what its setup held; packed into 8 MiB on two workers, a second copy
     (5 + 5 MiB and the tests') never lives beside the first, while a test
     of the other module runs beside the fixture's tests (5 + 1 + 2 MiB).
     What was held at once, read from the tests and the fixture's copies
-    themselves, never passes the capacity."""
-    inner.makepyfile(test_held=SUITE, test_broad=BROAD, test_medium=MEDIUM)
-    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline",
-                                         "test_broad.py", "test_medium.py")
+    themselves, never passes the capacity: with the fixture's module
+    collected first, and second (the worker done with the other module
+    gets none of the fixture's tests: the worker holding the copy runs
+    them)."""
+    inner.makepyfile(test_held=SUITE, **{broad: BROAD, medium: MEDIUM})
+    files = sorted([f"{broad}.py", f"{medium}.py"])
+    written = inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline", *files)
     written.assert_outcomes(passed=6)
     tests = json.loads((inner.path / "bl.json").read_text())["tests"]
     for i in range(3):
-        needs = tests[f"test_broad.py::test_with_model[{i}]"]["cpu"]["fixtures"]
-        assert list(needs) == ["test_broad.py::model"] and 5 * MiB <= needs["test_broad.py::model"] < 6 * MiB
-        assert tests[f"test_broad.py::test_with_model[{i}]"]["cpu"]["peak"] < 2 * MiB   # the fixture is not the test's
-        assert "fixtures" not in tests[f"test_medium.py::test_medium[{i}]"]["cpu"]
+        needs = tests[f"{broad}.py::test_with_model[{i}]"]["cpu"]["fixtures"]
+        assert list(needs) == [f"{broad}.py::model"] and 5 * MiB <= needs[f"{broad}.py::model"] < 6 * MiB
+        assert tests[f"{broad}.py::test_with_model[{i}]"]["cpu"]["peak"] < 2 * MiB   # the fixture is not the test's
+        assert "fixtures" not in tests[f"{medium}.py::test_medium[{i}]"]["cpu"]
     shutil.rmtree(inner.path / "held")
     result = inner.runpytest_subprocess("-n", "2", "--memlab-pack", "--memlab-pack-capacity=8MiB",
-                                        "--memlab-baseline=bl.json", "test_broad.py", "test_medium.py")
+                                        "--memlab-baseline=bl.json", *files)
     result.assert_outcomes(passed=6)
     spans = held(inner.path)
     copies = [s for s in spans if s[0].startswith("model-")]
@@ -349,6 +353,75 @@ def test_each_workers_copy_of_a_broader_fixture_is_counted(inner):
                                  "fixture(s) (class, module, package or session scope; the largest 5.0 MiB)"])
 
 
+KEYS = {
+    "dira/conftest.py": """
+import pytest, torch
+
+@pytest.fixture(scope="session")
+def model():
+    return torch.ones(2 * 2**20, dtype=torch.uint8)
+
+@pytest.fixture(scope="module", params=[1, 2])
+def weights(request):
+    return torch.ones(request.param * 2**20, dtype=torch.uint8)
+
+@pytest.fixture(scope="module")
+def base():
+    return torch.ones(3 * 2**20, dtype=torch.uint8)
+
+@pytest.fixture(scope="session")
+def small():
+    return torch.ones(16, dtype=torch.uint8)
+""",
+    "dira/test_a.py": """
+import pytest
+
+@pytest.fixture(scope="module")
+def base(base):   # overrides conftest's, and uses it
+    return base
+
+def test_model(model, weights, base, small):
+    pass
+
+def test_asked(request):
+    request.getfixturevalue("model")
+""",
+    "dirb/conftest.py": """
+import pytest, torch
+
+@pytest.fixture(scope="session")
+def model():
+    return torch.ones(4 * 2**20, dtype=torch.uint8)
+""",
+    "dirb/test_b.py": "def test_model(model):\n    pass\n",
+}
+
+
+def test_broader_fixture_instances_are_told_apart(inner):
+    """Two conftests' session fixtures of one name are two instances; a
+    parametrized module fixture is one instance per param; the fixture an
+    overriding one requests counts; one asked for with
+    request.getfixturevalue counts; one that held under 1 MiB is not
+    listed."""
+    for path, text in KEYS.items():
+        (inner.path / path).parent.mkdir(exist_ok=True)
+        (inner.path / path).write_text(text)
+    inner.runpytest_subprocess("--memlab-baseline=bl.json", "--memlab-update-baseline").assert_outcomes(passed=4)
+    tests = json.loads((inner.path / "bl.json").read_text())["tests"]
+    fixtures = {nodeid: devices["cpu"].get("fixtures") for nodeid, devices in tests.items()}
+    def near(n, mib):
+        return mib * MiB <= n < mib * MiB + 64 * 2**10
+    a1, a2 = fixtures["dira/test_a.py::test_model[1]"], fixtures["dira/test_a.py::test_model[2]"]
+    # (the overriding base holds nothing of its own: the one it overrides is what counts)
+    assert sorted(a1) == ["::model@dira", "dira/test_a.py::base@dira", "dira/test_a.py::weights[0]@dira"], a1
+    assert sorted(a2) == ["::model@dira", "dira/test_a.py::base@dira", "dira/test_a.py::weights[1]@dira"], a2
+    assert near(a1["::model@dira"], 2) and near(a1["dira/test_a.py::weights[0]@dira"], 1)
+    assert near(a2["dira/test_a.py::weights[1]@dira"], 2) and near(a1["dira/test_a.py::base@dira"], 3)
+    assert fixtures["dira/test_a.py::test_asked"] == {"::model@dira": a1["::model@dira"]}
+    assert list(fixtures["dirb/test_b.py::test_model"]) == ["::model@dirb"]
+    assert near(fixtures["dirb/test_b.py::test_model"]["::model@dirb"], 4)
+
+
 def test_which_broader_fixture_instance_a_test_lies_under():
     from pytest_memlab.measuring.broad_fixtures import encloses
 
@@ -359,6 +432,9 @@ def test_which_broader_fixture_instance_a_test_lies_under():
     assert not encloses("tests/test_a.py::TestX::model", "tests/test_a.py::TestXY::test_y")
     assert encloses("tests/sub::model", "tests/sub/test_a.py::test_x")           # a package's
     assert not encloses("tests/sub::model", "tests/subway/test_a.py::test_x")
+    assert encloses("::model@dira", "dirb/test_b.py::test_x")                    # defined in a conftest
+    assert encloses("tests/test_a.py::TestX::model[0]@tests/test_a.py", "tests/test_a.py::TestX::test_y")
+    assert encloses("tests/test_a.py::test_x[1]::model", "tests/test_a.py::test_x[1]")   # a class's, for a function
 
 
 def test_a_capacity_below_one_byte_is_said_to_be_zero():
@@ -763,6 +839,7 @@ class _SimWorker(_Worker):
     def __init__(self, i, sim):
         super().__init__(i)
         self.sim, self.queue, self.running, self.collected, self.kept = sim, [], None, False, 0
+        self.alive, self.gone = {}, False   # its broader fixtures' instances; removed (xdist: it finished)
 
     def send_runtest_some(self, indices):
         assert not self.shutting_down, "a test sent after the shutdown"
@@ -781,7 +858,7 @@ class _Sim:
     memory past their teardown; xdist's shutdown once the scheduler says
     the tests are finished."""
 
-    def __init__(self, seed):
+    def __init__(self, seed, fixtures=False):
         import random
         import types
 
@@ -792,9 +869,24 @@ class _Sim:
         self.capacity, self.context = 100 * MiB, r.choice([0, MiB, 5 * MiB])
         shares = [0.01, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6] if r.random() < 0.5 else [0.01, 0.03, 0.05, 0.08]
         self.ids = [f"t.py::test[{i}]" for i in range(n)]
+        self.needs = {}
+        if fixtures:   # modules, each maybe with a module fixture (one with two params), and a session fixture
+            modules = r.randint(1, 4)
+            self.ids = [f"m{i * modules // n}.py::test[{i}]" for i in range(n)]
+            session = r.choice([0, 0, 0.05, 0.1]) * self.capacity
+            sizes = {m: r.choice([0, 0.05, 0.15, 0.3]) * self.capacity for m in range(modules)}
+            for i, t in enumerate(self.ids):
+                m = i * modules // n
+                mine = {"::S": int(session)} if session and r.random() < 0.7 else {}
+                if sizes[m]:
+                    key = f"m{m}.py::P[{2 * i * modules // n % 2}]" if m == 0 else f"m{m}.py::M"
+                    mine[key] = int(sizes[m])
+                if mine:
+                    self.needs[t] = mine
         self.footprint = {t: int(r.choice(shares) * self.capacity) for t in self.ids if r.random() > 0.1}
         self.keeps = {t: r.choice([0, 0, 0, min(MiB, f), f // 2, f]) for t in self.ids for f in [self.footprint.get(t, 0)]}
-        plan = PackPlan("cuda", {"0": self.capacity}, dict(self.footprint), context=self.context)
+        plan = PackPlan("cuda", {"0": self.capacity}, dict(self.footprint), context=self.context,
+                        fixtures={t: dict(v) for t, v in self.needs.items()})
         config = types.SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"],
                                        pluginmanager=types.SimpleNamespace(getplugin=lambda name: None))
         self.sched = PackScheduling(config, plan, kept=lambda nodeid, kind: self.keeps.get(nodeid, 0))
@@ -812,16 +904,32 @@ class _Sim:
         heapq.heappush(self.events, (when, self.order, kind, node, index))
 
     def kick(self, node):
+        if node.shutting_down and not node.queue and node.running is None and not node.gone:
+            node.gone = True   # xdist hears it finished, later: its fixtures are gone with it
+            self.push(self.now, "gone", node)
         if node.running is not None or not node.collected or not (len(node.queue) >= 2 or (node.shutting_down and node.queue)):
             return
         node.running = index = node.queue[0]
         self.runs[index] = self.runs.get(index, 0) + 1
+        # pytest: the fixtures whose scope the test lies outside are torn
+        # down first (one for another param too), then its own set up
+        nodeid = self.ids[index]
+        node.alive = {k: v for k, v in node.alive.items()
+                      if k == "::S" or nodeid.startswith(k.split("::")[0] + "::")}
+        for key, v in self.needs.get(nodeid, {}).items():
+            node.alive = {k: w for k, w in node.alive.items() if k.split("[")[0] != key.split("[")[0]}
+            node.alive[key] = v
         running = [n for n in self.nodes if n.running is not None]
         alone = [n for n in running if self.ids[n.running] not in self.footprint]
         assert not alone or len(running) == 1, "a test without a figure ran beside another"
-        held = sum(self.context + n.kept for n in self.nodes) + sum(self.footprint.get(self.ids[n.running], 0) for n in running)
+        held = sum(self.context + n.kept + sum(n.alive.values()) for n in self.nodes if not n.gone or n is node) \
+            + sum(self.footprint.get(self.ids[n.running], 0) for n in running)
         # (a test alone on the card has it to itself, whatever its footprint)
         assert len(running) < 2 or held <= self.capacity, f"{held >> 20} MiB in use on a card of {self.capacity >> 20}"
+        # ... and where that, beside what the other workers keep, passes the
+        # card, the summary names it
+        assert held <= self.capacity or index in self.sched.stats.over or nodeid not in self.footprint, \
+            f"{nodeid} started with {held >> 20} MiB in use on a card of {self.capacity >> 20}, not named"
         self.push(self.now + self.r.choice([0.3, 1.0, 2.0]), "end", node, index)
 
     def play(self):
@@ -836,6 +944,8 @@ class _Sim:
                 self.sched.add_node_collection(node, self.ids)
                 if self.sched.collection_is_completed:
                     self.sched.schedule()
+            elif kind == "gone":
+                self.sched.remove_node(node)
             else:
                 node.queue.pop(0)
                 node.running = None
@@ -853,11 +963,23 @@ def test_random_sessions_never_overfill_the_card_and_run_each_test_once():
     """1000 random sessions of the real scheduler against a model of xdist's
     workers (late arrivals and the early start, queue-ahead, tests without
     a figure, memory kept past teardown): where tests run side by side,
-    they, the workers' contexts and what was kept never exceed the card; a
+    they, the workers' contexts and what was kept never exceed the card
+    (a test that starts alone beside more than that is named); a
     test without a figure never runs beside another; every test runs once;
     every session ends."""
     for seed in range(1000):
         _Sim(seed).play()
+
+
+def test_random_sessions_with_broader_fixtures_never_overfill_the_card():
+    """The same, with modules: each maybe with a module fixture (one with
+    two params, whose instances replace each other) and a session fixture
+    that most tests need; every worker holds its own copy of what its tests
+    set up until its next test lies outside their scope, and an idle worker
+    keeps them.  Where tests run side by side, they, the workers' contexts,
+    what was kept and every copy alive never exceed the card."""
+    for seed in range(1000):
+        _Sim(seed, fixtures=True).play()
 
 
 def test_a_test_larger_than_the_card_less_the_contexts_is_named():

@@ -12,15 +12,23 @@ scheduler counts an instance once per worker, from the first test there
 that needs it until that worker leaves its scope.
 
 An instance's key is its scope's node id (the session's is empty), two
-colons and the fixture's name, with ``[i]`` for the i-th of its params:
-the test it serves lies under that node (``encloses``).
+colons and the fixture's name; then ``[i]`` for the i-th of its params
+(one such instance replaces another: pytest tears the old one down first),
+and ``@`` and where the fixture is defined where that is not the scope's
+node (two conftests' session fixtures of one name are two instances).  The
+test an instance serves lies under its scope's node (``encloses``).
 """
 
 from __future__ import annotations
 
 import re
 
-_KEY = re.compile(r"^(.*?)::([A-Za-z_]\w*(?:\[\d+\])?)$")
+# Instances whose setup held less are not listed: packing counts in MiB,
+# and every test of a session would repeat each small one.
+LISTED_BYTES = 2**20
+
+_KEY = re.compile(r"^(.*?)::([A-Za-z_]\w*)(\[\d+\])?(@.*)?$")
+_parsed: dict[str, tuple[str, str] | None] = {}
 
 
 def instance_key(fixturedef, request) -> str | None:
@@ -28,23 +36,40 @@ def instance_key(fixturedef, request) -> str | None:
     does not say its scope's node."""
     try:
         node = request.node
-        key = f"{node.nodeid if node is not request.session else ''}::{fixturedef.argname}"
+        scope = node.nodeid if node is not request.session else ""
+        key = f"{scope}::{fixturedef.argname}"
         if fixturedef.params is not None:
             key += f"[{request.param_index}]"
+        defined = fixturedef.baseid or ""
+        if defined and defined != scope:
+            key += f"@{defined}"
         return key
     except Exception:   # (pytest's internals moved: the fixture is not counted)
         return None
+
+
+def parse(key: str) -> tuple[str, str] | None:
+    """(its scope's node id, its slot: the key without its param), or None
+    for a key this code did not write."""
+    try:
+        return _parsed[key]
+    except KeyError:
+        pass
+    match = _KEY.match(key)
+    parsed = None if match is None else (match.group(1), f"{match.group(1)}::{match.group(2)}{match.group(4) or ''}")
+    _parsed[key] = parsed
+    return parsed
 
 
 def encloses(key: str, nodeid: str) -> bool:
     """Whether the instance key names is one the test nodeid runs under
     (the worker keeps it while its tests lie there; leaving, pytest tears
     it down)."""
-    match = _KEY.match(key)
-    if match is None:
+    parsed = parse(key)
+    if parsed is None:
         return False
-    scope = match.group(1)
-    return scope == "" or nodeid.startswith(scope + "::") or nodeid.startswith(scope + "/")
+    scope = parsed[0]
+    return scope == "" or nodeid == scope or nodeid.startswith(scope + "::") or nodeid.startswith(scope + "/")
 
 
 class BroadFixtures:
@@ -54,6 +79,10 @@ class BroadFixtures:
     def __init__(self):
         self._now: dict = {}   # FixtureDef -> (key, {device: bytes})
 
+    @property
+    def known(self) -> bool:
+        return bool(self._now)
+
     def set_up(self, fixturedef, request, held: dict[str, int]) -> None:
         """An instance of fixturedef was set up; held: the most its setup
         held on each measured device (its own peak)."""
@@ -61,17 +90,16 @@ class BroadFixtures:
         if key is not None:
             self._now[fixturedef] = (key, held)
 
-    @property
-    def known(self) -> bool:
-        return bool(self._now)
-
     def forget(self, fixturedef) -> None:
         """An instance set up where memlab did not measure: not known."""
         self._now.pop(fixturedef, None)
 
     def of_test(self, item, device: str) -> dict[str, int] | None:
-        """The broader fixture instances item needs that hold bytes on
-        device, as set up in this process; None where there is none."""
+        """The broader fixture instances item used that held at least
+        LISTED_BYTES on device, as set up in this process; None where there
+        is none.  Each definition of a name it requests counts (a fixture
+        that overrides another and requests it uses both), and those it
+        asked for by request.getfixturevalue."""
         if not self._now:
             return None
         try:
@@ -79,17 +107,20 @@ class BroadFixtures:
             names = item.fixturenames
         except AttributeError:   # (not a pytest Function)
             return None
+        used = [d for name in names for d in defs.get(name, ())]
+        asked = getattr(getattr(item, "_request", None), "_fixture_defs", None)
+        if isinstance(asked, dict):
+            used += asked.values()
         out = None
-        for name in names:
-            chain = defs.get(name)
-            if not chain:
-                continue
-            known = self._now.get(chain[-1])
+        for fixturedef in used:
+            known = self._now.get(fixturedef)
             if known is None:
                 continue
             key, held = known
             n = held.get(device, 0)
-            if n > 0:
+            # (an instance of another module or class: an overridden
+            # definition's, set up for other tests, not this one's)
+            if n >= LISTED_BYTES and encloses(key, item.nodeid):
                 if out is None:
                     out = {}
                 out[key] = n

@@ -83,7 +83,7 @@ class DeviceResult:
         """The figures a baseline file keeps for this device."""
         entry = {"peak": self.peak, "peak_total": self.peak_total,
                  "reserved_peak": self.reserved_peak, "leaked": self.leaked,
-                 "first_use": self.first_use or 0, "sites": self.sites}
+                 "first_use": self.first_use or 0, "sites": list(self.sites)}   # (compact's () is the file's [])
         if self.phases:   # shown, not compared
             entry["phases"] = dict(self.phases)
         if self.kinds:    # shown; a regression says which kind grew

@@ -42,7 +42,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from ..measuring.broad_fixtures import encloses
+from ..measuring.broad_fixtures import encloses, parse
 from ..sizes import format_size
 from .gpu_pinning import visible_gpus, worker_gpus
 
@@ -188,6 +188,7 @@ class PackStats:
     tests: int = 0
     planned_peak: dict = field(default_factory=dict)   # device -> the most in use at once by known figures
     reruns: list = field(default_factory=list)          # (nodeid, why)
+    over: dict = field(default_factory=dict)            # index -> bytes planned in use when it started, over the capacity
 
 
 class _Stamped:
@@ -225,6 +226,7 @@ class PackScheduling:
         self.started: dict = {}                       # node -> index of the test it runs now
         self.resident: dict = {}                      # node -> bytes its finished tests kept
         self.alive: dict = {}                         # node -> {instance key: bytes}: its broader fixtures now
+        self.ending: set = set()                      # idle workers ended to give their fixtures' room back
         self.pending: list[int] = []
         self.alone_at_end: list[int] = []             # re-runs, each alone, at the end
         self.rerun: set[int] = set()                  # tests re-run (their first failure set aside)
@@ -340,6 +342,7 @@ class PackScheduling:
         was_running = self.started.pop(node, None) is not None or node.shutting_down
         self.resident.pop(node, None)
         self.alive.pop(node, None)
+        self.ending.discard(node)
         self.waiting.pop(node, None)
         if not pending:
             self._fill()
@@ -404,11 +407,32 @@ class PackScheduling:
     def _after(self, alive: dict, index: int) -> dict:
         """A worker's broader fixture instances once index starts there:
         those whose scope the test lies in (pytest tore the others down
-        before it) and those it needs."""
+        before it) and those it needs (an instance for another param of
+        a fixture replaces the one before: pytest tears that down first)."""
         nodeid = self.collection[index]
         out = {k: v for k, v in alive.items() if encloses(k, nodeid)}
-        out.update(self.plan.fixtures.get(nodeid, ()))
+        needs = self.plan.fixtures.get(nodeid)
+        if needs:
+            for key, n in needs.items():
+                slot = (parse(key) or ("", key))[1]
+                if key not in out and slot != key:   # (one of a fixture's params)
+                    for old in [k for k in out if k != key and (parse(k) or ("", k))[1] == slot]:
+                        del out[old]
+                out[key] = n
         return out
+
+    def _held_elsewhere(self, node) -> set:
+        """The broader fixture instances the other live workers hold, or
+        will once their queued tests start."""
+        held = set()
+        for other, queue in self.node2pending.items():
+            if other is node or other.shutting_down:
+                continue
+            alive = self.alive.get(other) or {}
+            held.update(alive)
+            for index in self._unstarted(other, queue):
+                held.update(self.plan.fixtures.get(self.collection[index], ()))
+        return held
 
     def _fixture_bytes(self, node, then=(), from_now: bool = True) -> int:
         """The most node's broader fixtures hold at once while its tests in
@@ -482,13 +506,42 @@ class PackScheduling:
         device = self.plan.device_of(node.gateway.id)
         beside = self._running_on(device, leave_out=node)
         if not beside and not reserve:
-            return True
+            return not self._ends_idle_holders(node, index, device)
         need = self.footprint(index)
         if need is None or any(self.footprint(self.started[n]) is None for n in beside):
             return False   # (a test that runs alone has the device to itself, whatever fits beside it)
         mine = self.plan.context + self.resident.get(node, 0) + need \
             + self._fixture_bytes(node, [index], from_now=False)
         return self._in_use(device, leave_out=node) + mine + reserve <= self.plan.capacity[device]
+
+    def _ends_idle_holders(self, node, index: int, device: str) -> bool:
+        """A test about to start on a device where no other test runs
+        (where it starts whatever its footprint) that would not fit beside
+        the copies of broader fixtures that idle workers there keep (a
+        worker tears its fixtures down only when its next test or its end
+        comes, and an idle one has neither): where ending those workers
+        makes it fit, they end, and the test waits for them (True)."""
+        need = self.footprint(index)
+        if not self.plan.fixtures or need is None:
+            return False
+        if any(n in self.node2pending and self.plan.device_of(n.gateway.id) == device for n in self.ending):
+            return True   # (ended for room, not gone yet)
+        idle = [n for n in self._idle(leave_out=node) if self.alive.get(n) and self.plan.device_of(n.gateway.id) == device]
+        if not idle:
+            return False
+        mine = self.plan.context + self.resident.get(node, 0) + need \
+            + self._fixture_bytes(node, [index], from_now=False)
+        used = self._in_use(device, leave_out=node)
+        if used + mine <= self.plan.capacity[device]:
+            return False
+        freed = sum(self.plan.context + self.resident.get(n, 0) + self._fixture_bytes(n) for n in idle)
+        if used - freed + mine > self.plan.capacity[device]:
+            return False   # (it would not fit even so: it starts alone, as any test too large)
+        for n in idle:
+            self.log(f"{n.gateway.id} ends: its broader fixtures leave no room for {self.collection[index]}")
+            self.ending.add(n)
+            n.shutdown()
+        return True
 
     def _may_start(self, node, index: int) -> bool:
         """_fits, first come first served: the worker whose next test has
@@ -551,7 +604,52 @@ class PackScheduling:
         if fitting:
             best = 0 if fitting[0][1] == 0 else -max(fitting)[1]
             return self.pending.pop(best)
-        return None if only_fitting else self.pending.pop(0)
+        if only_fitting:
+            return None
+        if self.plan.fixtures and self._live() != [node]:
+            # Nothing fits now.  The first test that builds no copy of an
+            # instance another worker holds (that worker runs it without
+            # one, when it asks), and that fits beside what the other
+            # workers keep between tests (their copies of broader fixtures
+            # above all: a worker tears them down only when its next test
+            # leaves their scope, or at its end, so the room this test
+            # waits for may never come); where there is none, the worker
+            # ends, and the others run what is left.
+            # (where every other worker is idle, nothing is waited for:
+            # the test starts, and idle workers whose copies leave it no
+            # room end first, _ends_idle_holders)
+            held = self._held_elsewhere(node)
+            alive = self.alive.get(node) or {}
+            kept, copies = self._kept_elsewhere(node, device)
+            kept += self.plan.context + self.resident.get(node, 0)
+            queue = self._unstarted(node, self.node2pending.get(node, []))
+            for k, index in enumerate(self.pending):
+                needs = self.plan.fixtures.get(self.collection[index], {})
+                if any(key in held and key not in alive for key in needs):
+                    continue
+                need = self.footprint(index)
+                if need is not None and copies:
+                    mine = need + self._fixture_bytes(node, queue + [index], from_now=False)
+                    if kept + copies + mine > self.plan.capacity[device] >= kept + mine:
+                        continue   # (too large beside the contexts alone: it runs alone, as without fixtures)
+                return self.pending.pop(k)
+            return None
+        return self.pending.pop(0)
+
+    def _kept_elsewhere(self, node, device: str) -> tuple[int, int]:
+        """What the other workers on device hold between tests, at the
+        most until their queued tests have run: their contexts (those not
+        started yet too) and what their tests kept; and apart, the copies
+        of broader fixtures of those that run or have a test queued (an
+        idle one ends where its copies leave no room)."""
+        kept, copies = self._to_come_on(device), 0
+        for other, queue in self.node2pending.items():
+            if other is node or other.shutting_down or self.plan.device_of(other.gateway.id) != device:
+                continue
+            kept += self.plan.context + self.resident.get(other, 0)
+            if queue:
+                copies += self._fixture_bytes(other, self._unstarted(other, queue))
+        return kept, copies
 
     def _mib(self, index: int) -> str:
         need = self.footprint(index)
@@ -609,13 +707,22 @@ class PackScheduling:
         self.began_at[node] = self.last_event[node] = next(self.ticks)
         if self.footprint(index) is None and index not in self.rerun:
             self.stats.alone += 1
+        used = self._note_peak(device)
+        if used is not None and used > self.plan.capacity[device]:
+            # (it started where no other test ran, beside what the other
+            # workers hold between tests: the summary names it)
+            self.stats.over[index] = used
 
-    def _note_peak(self, device: str) -> None:
-        if not any(self.footprint(self.started[n]) is None for n in self._running_on(device)):
-            # (one without a figure runs alone: it counts as the device)
-            used = self._in_use(device)
-            if used > self.stats.planned_peak.get(device, 0):
-                self.stats.planned_peak[device] = used
+    def _note_peak(self, device: str) -> int | None:
+        """The most planned in use on device, and what is planned now
+        (None while a test without a figure runs: it counts as the
+        device)."""
+        if any(self.footprint(self.started[n]) is None for n in self._running_on(device)):
+            return None
+        used = self._in_use(device)
+        if used > self.stats.planned_peak.get(device, 0):
+            self.stats.planned_peak[device] = used
+        return used
 
     def _ahead(self, node) -> bool:
         """Queue one more test on node, behind the one it runs next, where
@@ -768,7 +875,26 @@ class PackScheduling:
             lines.append(f"  re-run alone at the end: {nodeid} ran out of memory beside other tests ({why}); "
                          "the re-run's outcome stands")
         lines += self._too_large()
+        lines += self._over()
         return lines
+
+    def _over(self) -> list[str]:
+        """Tests that started where nothing else ran on their device, yet
+        what the other workers held between tests (their contexts, what
+        their tests kept, their copies of broader fixtures) and the test
+        came to more than the capacity: the test, alone, never waits for
+        those, which only the workers' end gives back.  Those larger than
+        the capacity alone are _too_large's."""
+        if self.collection is None or not self.stats.over:
+            return []
+        big = {n for line in [self.plan.footprint] for n, v in line.items() if v > min(self.plan.capacity.values())}
+        over = [(self.collection[i], used) for i, used in self.stats.over.items() if self.collection[i] not in big]
+        if not over:
+            return []
+        names = ", ".join(f"{n} ({format_size(used)})" for n, used in over[:3]) + (", ..." if len(over) > 3 else "")
+        return [f"  {len(over)} test(s) started with no other test running on their device, yet beside what the "
+                f"other workers held between tests (contexts, what earlier tests kept, their own copies of broader "
+                f"fixtures) more than the capacity was planned in use: {names}"]
 
     def _too_large(self) -> list[str]:
         """Tests larger than their device less every worker's context
