@@ -296,8 +296,9 @@ def model():
     weights = torch.ones(5 * MiB, dtype=torch.uint8)
     yield weights
     os.makedirs("held", exist_ok=True)
-    with open(f"held/model-{os.getpid()}.json", "w") as f:
-        json.dump([f"model-{os.getpid()}", 5, start, time.time()], f)
+    name = f"model-{os.getpid()}-{time.time_ns()}"   # (a worker may build it again)
+    with open(f"held/{name}.json", "w") as f:
+        json.dump([name, 5, start, time.time()], f)
 
 
 @pytest.mark.parametrize("i", range(3))

@@ -226,7 +226,6 @@ class PackScheduling:
         self.started: dict = {}                       # node -> index of the test it runs now
         self.resident: dict = {}                      # node -> bytes its finished tests kept
         self.alive: dict = {}                         # node -> {instance key: bytes}: its broader fixtures now
-        self.ending: set = set()                      # idle workers ended to give their fixtures' room back
         self.pending: list[int] = []
         self.alone_at_end: list[int] = []             # re-runs, each alone, at the end
         self.rerun: set[int] = set()                  # tests re-run (their first failure set aside)
@@ -342,7 +341,6 @@ class PackScheduling:
         was_running = self.started.pop(node, None) is not None or node.shutting_down
         self.resident.pop(node, None)
         self.alive.pop(node, None)
-        self.ending.discard(node)
         self.waiting.pop(node, None)
         if not pending:
             self._fill()
@@ -422,11 +420,12 @@ class PackScheduling:
         return out
 
     def _held_elsewhere(self, node) -> set:
-        """The broader fixture instances the other live workers hold, or
-        will once their queued tests start."""
+        """The broader fixture instances the other live workers on node's
+        device hold, or will once their queued tests start."""
         held = set()
+        device = self.plan.device_of(node.gateway.id)
         for other, queue in self.node2pending.items():
-            if other is node or other.shutting_down:
+            if other is node or other.shutting_down or self.plan.device_of(other.gateway.id) != device:
                 continue
             alive = self.alive.get(other) or {}
             held.update(alive)
@@ -506,42 +505,13 @@ class PackScheduling:
         device = self.plan.device_of(node.gateway.id)
         beside = self._running_on(device, leave_out=node)
         if not beside and not reserve:
-            return not self._ends_idle_holders(node, index, device)
+            return True
         need = self.footprint(index)
         if need is None or any(self.footprint(self.started[n]) is None for n in beside):
             return False   # (a test that runs alone has the device to itself, whatever fits beside it)
         mine = self.plan.context + self.resident.get(node, 0) + need \
             + self._fixture_bytes(node, [index], from_now=False)
         return self._in_use(device, leave_out=node) + mine + reserve <= self.plan.capacity[device]
-
-    def _ends_idle_holders(self, node, index: int, device: str) -> bool:
-        """A test about to start on a device where no other test runs
-        (where it starts whatever its footprint) that would not fit beside
-        the copies of broader fixtures that idle workers there keep (a
-        worker tears its fixtures down only when its next test or its end
-        comes, and an idle one has neither): where ending those workers
-        makes it fit, they end, and the test waits for them (True)."""
-        need = self.footprint(index)
-        if not self.plan.fixtures or need is None:
-            return False
-        if any(n in self.node2pending and self.plan.device_of(n.gateway.id) == device for n in self.ending):
-            return True   # (ended for room, not gone yet)
-        idle = [n for n in self._idle(leave_out=node) if self.alive.get(n) and self.plan.device_of(n.gateway.id) == device]
-        if not idle:
-            return False
-        mine = self.plan.context + self.resident.get(node, 0) + need \
-            + self._fixture_bytes(node, [index], from_now=False)
-        used = self._in_use(device, leave_out=node)
-        if used + mine <= self.plan.capacity[device]:
-            return False
-        freed = sum(self.plan.context + self.resident.get(n, 0) + self._fixture_bytes(n) for n in idle)
-        if used - freed + mine > self.plan.capacity[device]:
-            return False   # (it would not fit even so: it starts alone, as any test too large)
-        for n in idle:
-            self.log(f"{n.gateway.id} ends: its broader fixtures leave no room for {self.collection[index]}")
-            self.ending.add(n)
-            n.shutdown()
-        return True
 
     def _may_start(self, node, index: int) -> bool:
         """_fits, first come first served: the worker whose next test has
@@ -615,9 +585,8 @@ class PackScheduling:
             # leaves their scope, or at its end, so the room this test
             # waits for may never come); where there is none, the worker
             # ends, and the others run what is left.
-            # (where every other worker is idle, nothing is waited for:
-            # the test starts, and idle workers whose copies leave it no
-            # room end first, _ends_idle_holders)
+            # (an idle worker holds no copy: it has run no test yet; a
+            # worker that has keeps its next test queued, or ends)
             held = self._held_elsewhere(node)
             alive = self.alive.get(node) or {}
             kept, copies = self._kept_elsewhere(node, device)
@@ -641,14 +610,17 @@ class PackScheduling:
         most until their queued tests have run: their contexts (those not
         started yet too) and what their tests kept; and apart, the copies
         of broader fixtures of those that run or have a test queued (an
-        idle one ends where its copies leave no room)."""
+        idle worker holds none: it has run no test yet)."""
         kept, copies = self._to_come_on(device), 0
         for other, queue in self.node2pending.items():
             if other is node or other.shutting_down or self.plan.device_of(other.gateway.id) != device:
                 continue
             kept += self.plan.context + self.resident.get(other, 0)
-            if queue:
-                copies += self._fixture_bytes(other, self._unstarted(other, queue))
+            if queue:   # (what it keeps once its queued tests have run: those tear down what lies outside them)
+                alive = self.alive.get(other) or {}
+                for index in self._unstarted(other, queue):
+                    alive = self._after(alive, index)
+                copies += sum(alive.values())
         return kept, copies
 
     def _mib(self, index: int) -> str:
@@ -887,14 +859,17 @@ class PackScheduling:
         the capacity alone are _too_large's."""
         if self.collection is None or not self.stats.over:
             return []
-        big = {n for line in [self.plan.footprint] for n, v in line.items() if v > min(self.plan.capacity.values())}
+        big = set()   # _too_large's
+        for device, capacity in self.plan.capacity.items():
+            room = capacity - self.plan.workers_on(device, self.numnodes) * self.plan.context
+            big.update(n for n, v in self.plan.footprint.items() if v > room)
         over = [(self.collection[i], used) for i, used in self.stats.over.items() if self.collection[i] not in big]
         if not over:
             return []
         names = ", ".join(f"{n} ({format_size(used)})" for n, used in over[:3]) + (", ..." if len(over) > 3 else "")
-        return [f"  {len(over)} test(s) started with no other test running on their device, yet beside what the "
-                f"other workers held between tests (contexts, what earlier tests kept, their own copies of broader "
-                f"fixtures) more than the capacity was planned in use: {names}"]
+        return [f"  {len(over)} test(s) started with no other test running on their device, yet with what the "
+                f"workers there held between tests (contexts, what earlier tests kept, copies of broader fixtures, "
+                f"its own worker's too) more than the capacity was planned in use: {names}"]
 
     def _too_large(self) -> list[str]:
         """Tests larger than their device less every worker's context
