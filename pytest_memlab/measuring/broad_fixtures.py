@@ -61,6 +61,13 @@ def parse(key: str) -> tuple[str, str] | None:
     return parsed
 
 
+def slot_of(key: str) -> str:
+    """The key without its param: the one instance of that fixture a
+    process holds at a time (a key this code did not write: itself)."""
+    parsed = parse(key)
+    return key if parsed is None else parsed[1]
+
+
 def encloses(key: str, nodeid: str) -> bool:
     """Whether the instance key names is one the test nodeid runs under
     (the worker keeps it while its tests lie there; leaving, pytest tears

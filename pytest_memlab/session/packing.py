@@ -42,7 +42,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from ..measuring.broad_fixtures import encloses, parse
+from ..measuring.broad_fixtures import encloses, slot_of
 from ..sizes import format_size
 from .gpu_pinning import visible_gpus, worker_gpus
 
@@ -412,9 +412,9 @@ class PackScheduling:
         needs = self.plan.fixtures.get(nodeid)
         if needs:
             for key, n in needs.items():
-                slot = (parse(key) or ("", key))[1]
+                slot = slot_of(key)
                 if key not in out and slot != key:   # (one of a fixture's params)
-                    for old in [k for k in out if k != key and (parse(k) or ("", k))[1] == slot]:
+                    for old in [k for k in out if k != key and slot_of(k) == slot]:
                         del out[old]
                 out[key] = n
         return out
@@ -433,19 +433,22 @@ class PackScheduling:
                 held.update(self.plan.fixtures.get(self.collection[index], ()))
         return held
 
-    def _fixture_bytes(self, node, then=(), from_now: bool = True) -> int:
-        """The most node's broader fixtures hold at once while its tests in
-        then run one after another (each its own copy: a worker builds
-        every instance it needs); from_now: counting those alive there now
-        (while its current test runs, or until its next starts)."""
-        if not self.plan.fixtures:
-            return 0
+    def _fixture_walk(self, node, then=(), from_now: bool = True) -> tuple[int, dict]:
+        """node's broader fixtures while its tests in then run one after
+        another (each its own copy: a worker builds every instance it
+        needs): the most they hold at once (from_now: counting those alive
+        there now, while its current test runs or until its next starts),
+        and those alive once the last has started."""
         alive = self.alive.get(node) or {}
         most = sum(alive.values()) if from_now else 0
         for index in then:
             alive = self._after(alive, index)
             most = max(most, sum(alive.values()))
-        return most
+        return most, alive
+
+    def _fixture_bytes(self, node, then=(), from_now: bool = True) -> int:
+        """The most of _fixture_walk."""
+        return self._fixture_walk(node, then, from_now)[0] if self.plan.fixtures else 0
 
     def _unstarted(self, node, indices) -> list:
         running = self.started.get(node)
@@ -562,10 +565,7 @@ class PackScheduling:
             - self.plan.context - self.resident.get(node, 0)
         if self.plan.fixtures:   # each candidate with the copies of broader fixtures it would build here
             queue = self._unstarted(node, self.node2pending.get(node, []))
-            alive = self.alive.get(node) or {}
-            for index in queue:
-                alive = self._after(alive, index)
-            before = self._fixture_bytes(node, queue, from_now=False)
+            before, alive = self._fixture_walk(node, queue, from_now=False)
             needs = [None if need is None else need + max(before, sum(self._after(alive, i).values()))
                      for i, need in zip(self.pending[:64], map(self.footprint, self.pending[:64]))]
         else:
@@ -617,10 +617,7 @@ class PackScheduling:
                 continue
             kept += self.plan.context + self.resident.get(other, 0)
             if queue:   # (what it keeps once its queued tests have run: those tear down what lies outside them)
-                alive = self.alive.get(other) or {}
-                for index in self._unstarted(other, queue):
-                    alive = self._after(alive, index)
-                copies += sum(alive.values())
+                copies += sum(self._fixture_walk(other, self._unstarted(other, queue))[1].values())
         return kept, copies
 
     def _mib(self, index: int) -> str:
@@ -859,10 +856,7 @@ class PackScheduling:
         the capacity alone are _too_large's."""
         if self.collection is None or not self.stats.over:
             return []
-        big = set()   # _too_large's
-        for device, capacity in self.plan.capacity.items():
-            room = capacity - self.plan.workers_on(device, self.numnodes) * self.plan.context
-            big.update(n for n, v in self.plan.footprint.items() if v > room)
+        big = {n for device in self.plan.capacity for n in self._larger_than_room(device)[1]}   # _too_large's
         over = [(self.collection[i], used) for i, used in self.stats.over.items() if self.collection[i] not in big]
         if not over:
             return []
@@ -870,6 +864,12 @@ class PackScheduling:
         return [f"  {len(over)} test(s) started with no other test running on their device, yet with what the "
                 f"workers there held between tests (contexts, what earlier tests kept, copies of broader fixtures, "
                 f"its own worker's too) more than the capacity was planned in use: {names}"]
+
+    def _larger_than_room(self, device: str) -> tuple[int, list]:
+        """The device's capacity less every worker's context there, and the
+        tests whose footprint is larger (in collection order)."""
+        room = self.plan.capacity[device] - self.plan.workers_on(device, self.numnodes) * self.plan.context
+        return room, [n for n in self.collection if self.plan.footprint.get(n, 0) > room]
 
     def _too_large(self) -> list[str]:
         """Tests larger than their device less every worker's context
@@ -882,8 +882,7 @@ class PackScheduling:
         lines = []
         for device, capacity in self.plan.capacity.items():
             workers = self.plan.workers_on(device, self.numnodes)
-            room = capacity - workers * self.plan.context
-            big = [n for n in self.collection if self.plan.footprint.get(n, 0) > room]
+            room, big = self._larger_than_room(device)
             if not big:
                 continue
             names = f"{', '.join(big[:3])}{', ...' if len(big) > 3 else ''}"
