@@ -1,0 +1,184 @@
+"""Where a pytest process's time goes, phase by phase, unmeasured against
+``--memlab`` (or any configurations), side by side: issue 51 asks where the
+whole-suite extra of a measured run goes, and a suite's wall time alone
+mixes the tests with the session's end and the interpreter's exit.
+
+    python bench/process_phases.py SUITE_DIR [--rounds 5] [--python PY]
+        [--config NAME=ARGS ...] [--out FILE] [-- PYTEST_ARGS...]
+
+Each configuration is its own pytest process (``--junitxml`` on, as
+bench_suite and bench_leak_suite run them); rounds alternate the
+configurations, each round starting at another one.  A small plugin (written
+to a temporary folder, ``-p memlab_phase_marks``) stamps CLOCK_MONOTONIC at
+each phase's edge; the parent stamps the process's start and its exit:
+
+- ``start``: from the spawn to pytest's loading the plugin (the interpreter,
+  pytest's own import);
+- ``collect``: to the end of collection (conftests, the suite's imports,
+  memlab's configure);
+- ``tests``: the first test's start to the last test's end;
+- ``finish``: the last test's end to unconfigure (sessionfinish: memlab's
+  end, junit's file; the terminal summary);
+- ``unconfigure``: pytest's unconfigure (its own full collections);
+- ``atexit``: to the last atexit handler;
+- ``exit``: from there to the process's end (the interpreter's
+  finalization: its collections walk every object still alive).
+
+Prints each run and the medians, and each phase's median difference from the
+first configuration in ms and per test.  ``--config`` replaces the defaults
+(``unmeasured=-p no:memlab`` and ``memlab=--memlab``); ARGS are split on
+spaces.  Run it with ``OMP_NUM_THREADS=1`` and nothing else on the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PLUGIN = '''
+import atexit, os, time
+import pytest
+
+_marks = []
+_last_end = [0.0]
+
+
+def _mark(name):
+    _marks.append((name, time.clock_gettime(time.CLOCK_MONOTONIC)))
+
+
+def _write():
+    _mark("atexit")
+    with open(os.environ["MEMLAB_PHASE_MARKS"], "w") as f:
+        for name, t in _marks:
+            f.write(f"{t:.6f} {name}\\n")
+
+
+atexit.register(_write)   # registered first: runs last
+_mark("loaded")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session):
+    _mark("collected")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid, location):
+    if not any(name == "first_test" for name, _ in _marks):
+        _mark("first_test")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid, location):
+    _last_end[0] = time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtestloop(session):
+    yield
+    _marks.append(("last_test", _last_end[0]))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_unconfigure(config):
+    _mark("unconfigure_start")
+    yield
+    _mark("unconfigured")
+'''
+
+PHASES = ("start", "collect", "tests", "finish", "unconfigure", "atexit", "exit", "wall")
+
+
+def phases_of(marks: dict[str, float], spawned: float, ended: float) -> dict[str, float]:
+    first = marks.get("first_test", marks["collected"])
+    last = marks.get("last_test") or first
+    return {"start": marks["loaded"] - spawned, "collect": marks["collected"] - marks["loaded"],
+            "tests": last - first, "finish": marks["unconfigure_start"] - last,
+            "unconfigure": marks["unconfigured"] - marks["unconfigure_start"],
+            "atexit": marks["atexit"] - marks["unconfigured"], "exit": ended - marks["atexit"],
+            "wall": ended - spawned}
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    pytest_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, pytest_args = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--config", action="append", metavar="NAME=ARGS")
+    ap.add_argument("--tests", type=int, default=0, help="tests in the suite (for the per-test column; "
+                    "default: counted from the junit file)")
+    ap.add_argument("--out", help="append the summary (markdown) to this file")
+    args = ap.parse_args(argv)
+    configs: dict[str, list[str]] = {}
+    for spec in args.config or ["unmeasured=-p no:memlab", "memlab=--memlab"]:
+        name, _, rest = spec.partition("=")
+        configs[name] = shlex.split(rest)
+    names = list(configs)
+    work = tempfile.mkdtemp(prefix="memlab-phases-")
+    with open(os.path.join(work, "memlab_phase_marks.py"), "w") as f:
+        f.write(PLUGIN)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (work, env.get("PYTHONPATH")) if p)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    tests = args.tests
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            marks_path = os.path.join(work, f"{name}.marks")
+            junit = os.path.join(work, f"{name}.xml")
+            cmd = [args.python, "-m", "pytest", "-q", "-p", "memlab_phase_marks", "-p", "no:cacheprovider",
+                   f"--junitxml={junit}", *configs[name], *pytest_args]
+            spawned = time.clock_gettime(time.CLOCK_MONOTONIC)
+            proc = subprocess.run(cmd, cwd=args.suite, env=dict(env, MEMLAB_PHASE_MARKS=marks_path),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            ended = time.clock_gettime(time.CLOCK_MONOTONIC)
+            marks = {}
+            try:
+                with open(marks_path) as f:
+                    for line in f:
+                        t, mark = line.split()
+                        marks[mark] = float(t)
+                os.unlink(marks_path)
+            except OSError:
+                marks = {}
+            if not {"loaded", "collected", "unconfigure_start", "unconfigured", "atexit"} <= set(marks):
+                print(f"{name}: the run stopped early (rc {proc.returncode}):\n{proc.stdout[-2000:]}", file=sys.stderr)
+                return 1
+            if not tests:
+                import xml.etree.ElementTree as ET
+                tests = sum(1 for _ in ET.parse(junit).getroot().iter("testcase"))
+            phases = phases_of(marks, spawned, ended)
+            runs[name].append(phases)
+            print(f"round {r + 1} {name:>12}: " + " ".join(f"{p} {phases[p]:.3f}" for p in PHASES), flush=True)
+    medians = {n: {p: statistics.median(x[p] for x in runs[n]) for p in PHASES} for n in names}
+    ref = names[0]
+    lines = [f"`{args.suite}` {' '.join(pytest_args)}: {tests} tests, {args.rounds} rounds alternating, medians (s); "
+             f"{os.path.basename(args.python)} {subprocess.run([args.python, '-c', 'import sys; print(sys.version.split()[0])'], capture_output=True, text=True).stdout.strip()}",
+             "", "| configuration | " + " | ".join(PHASES) + " |", "|---" * (len(PHASES) + 1) + "|"]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(f"{medians[n][p]:.3f}" for p in PHASES) + " |")
+    for n in names[1:]:
+        lines.append(f"| {n} - {ref}, ms (us a test) | " + " | ".join(
+            f"{(medians[n][p] - medians[ref][p]) * 1e3:+.0f} ({(medians[n][p] - medians[ref][p]) * 1e6 / max(tests, 1):+.0f})"
+            for p in PHASES) + " |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text + "\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
