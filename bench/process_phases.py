@@ -119,6 +119,7 @@ def main() -> int:
     ap.add_argument("--config", action="append", metavar="NAME=ARGS")
     ap.add_argument("--tests", type=int, default=0, help="tests in the suite (for the per-test column; "
                     "default: counted from the junit file)")
+    ap.add_argument("--no-junit", action="store_true", help="no --junitxml (a configuration may name one itself)")
     ap.add_argument("--out", help="append the summary (markdown) to this file")
     args = ap.parse_args(argv)
     configs: dict[str, list[str]] = {}
@@ -138,7 +139,7 @@ def main() -> int:
             marks_path = os.path.join(work, f"{name}.marks")
             junit = os.path.join(work, f"{name}.xml")
             cmd = [args.python, "-m", "pytest", "-q", "-p", "memlab_phase_marks", "-p", "no:cacheprovider",
-                   f"--junitxml={junit}", *configs[name], *pytest_args]
+                   *([] if args.no_junit else [f"--junitxml={junit}"]), *configs[name], *pytest_args]
             spawned = time.clock_gettime(time.CLOCK_MONOTONIC)
             proc = subprocess.run(cmd, cwd=args.suite, env=dict(env, MEMLAB_PHASE_MARKS=marks_path),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -155,7 +156,7 @@ def main() -> int:
             if not {"loaded", "collected", "unconfigure_start", "unconfigured", "atexit"} <= set(marks):
                 print(f"{name}: the run stopped early (rc {proc.returncode}):\n{proc.stdout[-2000:]}", file=sys.stderr)
                 return 1
-            if not tests:
+            if not tests and not args.no_junit:
                 import xml.etree.ElementTree as ET
                 tests = sum(1 for _ in ET.parse(junit).getroot().iter("testcase"))
             phases = phases_of(marks, spawned, ended)

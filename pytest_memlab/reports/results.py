@@ -29,7 +29,8 @@ from json.encoder import encode_basestring
 
 from ..figures import PHASE_NAMES, phase_bytes
 
-_TOP_ROW = '{"file": %s, "line": %d, "function": %s, "bytes": %d, "peak_total": %d}'
+_TOP_HEAD = '{"file": %s, "line": %d, "function": %s, '
+_TOP_TAIL = '"bytes": %d, "peak_total": %d}'
 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
@@ -221,7 +222,7 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
         for key, prop in lists:
             value = getattr(d, key)
             if value:
-                add((prop, json.dumps(value, separators=(",", ":"))))
+                add((prop, _compact_json(value)))
         if d.detail is not None:
             add((detail, json.dumps(d.detail, separators=(",", ":"))))
     if result.failed_by_memlab:
@@ -243,14 +244,50 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
     return props
 
 
+_ROW_HEADS: dict = {}   # (file, line, function) -> a row's JSON up to its bytes
+
+
+def _row_head(file, line, function) -> str:
+    key = (file, line, function)
+    head = _ROW_HEADS.get(key)
+    if head is None:
+        if len(_ROW_HEADS) >= 65536:   # a suite of generated code: kept bounded
+            _ROW_HEADS.clear()
+        head = _ROW_HEADS[key] = _TOP_HEAD % (encode_basestring(file), line, encode_basestring(function))
+    return head
+
+
 def _top_json(top: list) -> str:
     """json.dumps of the heaviest lines, for rows of the one known shape
-    without the encoder's generality (this runs for every measured test)."""
+    without the encoder's generality (this runs for every measured test;
+    a line's file, number and function are escaped once a process)."""
     try:
-        return "[" + ", ".join(_TOP_ROW % (encode_basestring(r["file"]), r["line"], encode_basestring(r["function"]),
-                                           r["bytes"], r["peak_total"]) for r in top) + "]"
+        return "[" + ", ".join(_row_head(r["file"], r["line"], r["function"]) + _TOP_TAIL % (r["bytes"], r["peak_total"])
+                               for r in top) + "]"
     except (KeyError, TypeError):
         return json.dumps(top)
+
+
+_compact_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _compact_json(value) -> str:
+    """json.dumps(value, separators=(",", ":")), the same text: a flat
+    {name: int} (a test's phases, its kinds) formatted directly, where every
+    name needs no escape; anything else through one encoder made once (the
+    function json.dumps makes an encoder at every call with separators)."""
+    if value.__class__ is dict:
+        try:
+            parts = []
+            for k, v in value.items():
+                if k.__class__ is not str or v.__class__ is not int or not k.isidentifier() or not k.isascii():
+                    break
+                parts.append('"%s":%d' % (k, v))
+            else:
+                return "{" + ",".join(parts) + "}"
+        except AttributeError:
+            pass
+    return _compact_encode(value)
 
 
 def decode(nodeid: str, props) -> TestResult | None:
