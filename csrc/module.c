@@ -219,15 +219,19 @@ static PyObject *
 tracer_line_stats(PyObject *Py_UNUSED(module), PyObject *args)
 {
     long slot;
-    int allocated_only = 0;
-    if (!PyArg_ParseTuple(args, "l|p:tracer_line_stats", &slot, &allocated_only))
+    int allocated_only = 0, top = 0;
+    if (!PyArg_ParseTuple(args, "l|pi:tracer_line_stats", &slot, &allocated_only, &top))
         return NULL;
+    if (top < 0) {
+        PyErr_Format(PyExc_ValueError, "top must be 0 (every line) or more, not %d", top);
+        return NULL;
+    }
     if (slot < 0 || slot >= LINE_SLOTS) {
         PyErr_Format(PyExc_ValueError, "device slot %ld has no line figures "
                      "(0..%d do)", slot, LINE_SLOTS - 1);
         return NULL;
     }
-    return Tracer_line_stats((int)slot, allocated_only);
+    return Tracer_line_stats((int)slot, allocated_only, top);
 }
 
 static PyObject *
@@ -375,10 +379,11 @@ static PyMethodDef engine_methods[] = {
     {"tracer_redecide", tracer_redecide, METH_NOARGS,
      "tracer_redecide(): decide every code object's scope again."},
     {"tracer_line_stats", tracer_line_stats, METH_VARARGS,
-     "tracer_line_stats(slot, allocated_only=False) -> [(line_id, code, lineno, hits, allocated, "
+     "tracer_line_stats(slot, allocated_only=False, top=0) -> [(line_id, code, lineno, hits, allocated, "
      "peak_total, peak_reserved, last_total)]: the lines run or allocating "
      "since the last reset (with allocated_only, those that allocated), with their figures on "
-     "device slot 0..3."},
+     "device slot 0..3; with top > 0, only the top that allocated the most, heaviest first "
+     "(among equals in the order the unsorted list has them)."},
     {"tracer_phases", tracer_phases, METH_NOARGS,
      "tracer_phases() -> ([(kind, slot, seq, label)], dropped): the phases "
      "(PHASE_FORWARD, PHASE_BACKWARD, PHASE_STEP; negated where one ended, "

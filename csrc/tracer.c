@@ -426,16 +426,78 @@ Tracer_line(uint32_t line)
                          r->lineno);
 }
 
-PyObject *
-Tracer_line_stats(int slot, int allocated_only)
+/* One line's row of Tracer_line_stats. */
+static PyObject *
+line_row(uint32_t id, const LineRec *r, int slot, uint64_t hits, long long alloc)
 {
-    PyObject *result = PyList_New(0);
+    return Py_BuildValue(
+        "(IOiKLLLL)", id, PyList_GET_ITEM(T.codes, r->code - 1), r->lineno,
+        (unsigned long long)hits, alloc,
+        (long long)atomic_load_explicit(&r->peak[slot], memory_order_relaxed),
+        (long long)atomic_load_explicit(&r->peak_reserved[slot], memory_order_relaxed),
+        (long long)atomic_load_explicit(&r->last_total[slot], memory_order_relaxed));
+}
+
+/* The top lines that allocated, heaviest first and, among equals, in the
+ * table's order (what a stable sort of every row, heaviest first, would
+ * keep): a test's heaviest lines without a row, a Python object and a sort
+ * for each of the dozens of lines that allocated a little. */
+typedef struct { uint32_t id; long long alloc; } TopLine;
+
+static PyObject *
+top_lines(int slot, int top, uint32_t n, int all)
+{
+    TopLine best[LINE_STATS_TOP_MAX];
+    int kept = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t id = all ? i + 1 : LineTable_touched_id(&T.lines, i);
+        LineRec *r = LineTable_get(&T.lines, id);
+        if (r == NULL)
+            continue;
+        long long alloc = atomic_load_explicit(&r->alloc[slot], memory_order_relaxed);
+        if (alloc <= 0 || (kept == top && alloc <= best[kept - 1].alloc))
+            continue;
+        int at = kept < top ? kept : top - 1;   /* the last one drops out */
+        while (at > 0 && best[at - 1].alloc < alloc) {
+            best[at] = best[at - 1];
+            at--;
+        }
+        best[at] = (TopLine){id, alloc};
+        if (kept < top)
+            kept++;
+    }
+    PyObject *result = PyList_New(kept);
     if (result == NULL)
         return NULL;
+    for (int i = 0; i < kept; i++) {
+        LineRec *r = LineTable_get(&T.lines, best[i].id);
+        /* (a line's allocations since the reset are counted by its
+         * allocating threads; the figures are read once, here) */
+        PyObject *row = r == NULL ? NULL : line_row(best[i].id, r, slot,
+            atomic_load_explicit(&r->hits, memory_order_relaxed), best[i].alloc);
+        if (row == NULL) {
+            Py_DECREF(result);
+            if (r == NULL)
+                PyErr_SetString(PyExc_RuntimeError, "a line left the table while read");
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, row);
+    }
+    return result;
+}
+
+PyObject *
+Tracer_line_stats(int slot, int allocated_only, int top)
+{
     uint32_t n;
     int all = LineTable_touched(&T.lines, &n) < 0;
     if (all)
         n = atomic_load(&T.lines.count);
+    if (top > 0 && top <= LINE_STATS_TOP_MAX)
+        return top_lines(slot, top, n, all);
+    PyObject *result = PyList_New(0);
+    if (result == NULL)
+        return NULL;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t id = all ? i + 1 : LineTable_touched_id(&T.lines, i);
         LineRec *r = LineTable_get(&T.lines, id);
@@ -443,14 +505,9 @@ Tracer_line_stats(int slot, int allocated_only)
             continue;
         uint64_t hits = atomic_load_explicit(&r->hits, memory_order_relaxed);
         long long alloc = atomic_load_explicit(&r->alloc[slot], memory_order_relaxed);
-        if ((hits == 0 && alloc == 0) || (allocated_only && alloc <= 0))
+        if ((hits == 0 && alloc == 0) || ((allocated_only || top > 0) && alloc <= 0))
             continue;
-        PyObject *t = Py_BuildValue(
-            "(IOiKLLLL)", id, PyList_GET_ITEM(T.codes, r->code - 1), r->lineno,
-            (unsigned long long)hits, alloc,
-            (long long)atomic_load_explicit(&r->peak[slot], memory_order_relaxed),
-            (long long)atomic_load_explicit(&r->peak_reserved[slot], memory_order_relaxed),
-            (long long)atomic_load_explicit(&r->last_total[slot], memory_order_relaxed));
+        PyObject *t = line_row(id, r, slot, hits, alloc);
         if (t == NULL || PyList_Append(result, t) < 0) {
             Py_XDECREF(t);
             Py_DECREF(result);

@@ -62,8 +62,10 @@ def machine_gpu(device: str) -> str:
     --memlab-gpus-per-worker sets it: a worker's ``cuda:0`` may be the
     machine's GPU 1): the variable's N-th entry; "" where nothing narrows
     it, or for the CPU."""
+    if not device.startswith("cuda:"):   # (before the environment: a miss there raises and catches a KeyError)
+        return ""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not visible or not device.startswith("cuda:"):
+    if not visible:
         return ""
     entries = [e.strip() for e in visible.split(",")]
     index = cuda_index(device)

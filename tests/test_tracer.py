@@ -286,6 +286,41 @@ def test_line_stats_count_bytes_and_peaks_found_at_allocation(traced):
         assert stats[loop_line].hits == 6
 
 
+def many_lines():
+    alloc(5)  # line a
+    alloc(7)  # line b
+    alloc(5)  # line c
+    alloc(9)  # line d
+    for _ in range(2):
+        alloc(4)  # line e
+    alloc(7)  # line f
+    alloc(1)  # line g
+    alloc(8)  # line h
+
+
+@pytest.mark.parametrize("top", [1, 2, 3, 4, 5, 7, 8, 9, 64, 65])
+def test_the_top_lines_are_a_stable_sort_of_every_line_heaviest_first(traced, top):
+    """The reports' heaviest lines, picked in C (top > 0), are what a
+    stable sort of every line that allocated, heaviest first, keeps: ties
+    in the order the full list has them, and every line where top is more
+    than the lines (or more than the C side keeps: then every line)."""
+    traced(many_lines)
+    every = line_stats(CPU, allocated_only=True)
+    expected = sorted(every, key=lambda s: s.allocated, reverse=True)[:top]
+    got = line_stats(CPU, allocated_only=True, top=top)
+    if top > 64:
+        got = sorted(got, key=lambda s: s.allocated, reverse=True)[:top]
+    assert [(s.frame.line, s.allocated, s.peak_total, s.hits) for s in got] == \
+        [(s.frame.line, s.allocated, s.peak_total, s.hits) for s in expected]
+    assert {s.frame.line for s in every} >= {line_of(many_lines, f"line {c}") for c in "abcdefgh"}
+    # the ties (5 on a and c, 7 on b and f) keep the order of the full list
+    ranked = [s.frame.line for s in line_stats(CPU, allocated_only=True, top=8) if s.code is many_lines.__code__]
+    by_line = {s.frame.line: s.allocated for s in every}
+    assert ranked == [ln for ln in sorted(by_line, key=lambda ln: -by_line[ln]) if ln in ranked]
+    with pytest.raises(ValueError, match="top must be 0"):
+        E.tracer_line_stats(CPU, True, -1)
+
+
 def test_a_profiled_function_counts_every_lines_hits():
     """Functions given explicitly (the laboratory's line profiler) are
     traced line by line: each line's hits, allocations and peak."""

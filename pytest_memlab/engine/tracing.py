@@ -171,6 +171,8 @@ class Tracing:
         else:
             # memlab takes sys.monitoring's tool id 4, else 3 (never the
             # profiler's or the debugger's): both taken by other tools
+            if sys.monitoring.get_tool(4) == "pytest-memlab":   # (every measured test, once it has run)
+                return ""
             taken = [sys.monitoring.get_tool(i) for i in (4, 3)]
             if all(name is not None and name != "pytest-memlab" for name in taken):
                 return (f"sys.monitoring's tool ids 4 and 3 are taken by other tools ({taken[0]}, {taken[1]}): "

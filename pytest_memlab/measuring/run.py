@@ -86,7 +86,7 @@ class TestRun:
             others = other_gpus(c, requested) if c.name == BRIDGE else []
             measurement = Measurement(c, list(dict.fromkeys(requested)) + others, park=True, timeline=True,
                                       log=options.snapshot is not None, others=tuple(others),
-                                      lines=options.top_lines)
+                                      lines=options.top_lines, top_lines=options.top)
             resolved = measurement.resolved
             self.devices = [(spec, resolved[r]) for spec, r in zip(self.specs, requested)]
             self.devices += [(UNMARKED, d) for d in others]
