@@ -22,12 +22,18 @@ each phase's edge; the parent stamps the process's start and its exit:
 - ``unconfigure``: pytest's unconfigure (its own full collections);
 - ``atexit``: to the last atexit handler;
 - ``exit``: from there to the process's end (the interpreter's
-  finalization: its collections walk every object still alive).
+  finalization: its collections walk every object still alive);
+- and how many full (oldest-generation) collections CPython made during the
+  tests: on a large heap one costs a few hundred milliseconds, and a suite
+  whose heap sits just under the collector's threshold pays one more for
+  any plugin's few long-lived objects (an edge, not a per-test cost).
 
 Prints each run and the medians, and each phase's median difference from the
 first configuration in ms and per test.  ``--config`` replaces the defaults
-(``unmeasured=-p no:memlab`` and ``memlab=--memlab``); ARGS are split on
-spaces.  Run it with ``OMP_NUM_THREADS=1`` and nothing else on the cores.
+(``unmeasured=-p no:memlab`` and ``memlab=--memlab``); ARGS are split as a
+shell would, and a word ``@VAR=VALUE`` sets VAR in that configuration's
+environment instead (``@PYTHONPATH=/tmp/old-tree``: another checkout's
+pytest_memlab, its extensions built in place, side by side with this one).  Run it with ``OMP_NUM_THREADS=1`` and nothing else on the cores.
 """
 
 from __future__ import annotations
@@ -42,11 +48,12 @@ import tempfile
 import time
 
 PLUGIN = '''
-import atexit, os, time
+import atexit, gc, os, time
 import pytest
 
 _marks = []
 _last_end = [0.0]
+_full = {}   # full collections so far, at the first test's start and the last one's end
 
 
 def _mark(name):
@@ -58,6 +65,8 @@ def _write():
     with open(os.environ["MEMLAB_PHASE_MARKS"], "w") as f:
         for name, t in _marks:
             f.write(f"{t:.6f} {name}\\n")
+        if "first" in _full:
+            f.write(f"{_full.get('last', _full['first']) - _full['first']} full_collections_in_tests\\n")
 
 
 atexit.register(_write)   # registered first: runs last
@@ -73,11 +82,13 @@ def pytest_collection_finish(session):
 def pytest_runtest_logstart(nodeid, location):
     if not any(name == "first_test" for name, _ in _marks):
         _mark("first_test")
+        _full["first"] = gc.get_stats()[2]["collections"]
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logfinish(nodeid, location):
     _last_end[0] = time.clock_gettime(time.CLOCK_MONOTONIC)
+    _full["last"] = gc.get_stats()[2]["collections"]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -94,6 +105,7 @@ def pytest_unconfigure(config):
 '''
 
 PHASES = ("start", "collect", "tests", "finish", "unconfigure", "atexit", "exit", "wall")
+COLUMNS = PHASES + ("full_gc",)
 
 
 def phases_of(marks: dict[str, float], spawned: float, ended: float) -> dict[str, float]:
@@ -103,7 +115,7 @@ def phases_of(marks: dict[str, float], spawned: float, ended: float) -> dict[str
             "tests": last - first, "finish": marks["unconfigure_start"] - last,
             "unconfigure": marks["unconfigured"] - marks["unconfigure_start"],
             "atexit": marks["atexit"] - marks["unconfigured"], "exit": ended - marks["atexit"],
-            "wall": ended - spawned}
+            "wall": ended - spawned, "full_gc": marks.get("full_collections_in_tests", 0.0)}
 
 
 def main() -> int:
@@ -123,9 +135,12 @@ def main() -> int:
     ap.add_argument("--out", help="append the summary (markdown) to this file")
     args = ap.parse_args(argv)
     configs: dict[str, list[str]] = {}
+    config_env: dict[str, dict[str, str]] = {}
     for spec in args.config or ["unmeasured=-p no:memlab", "memlab=--memlab"]:
         name, _, rest = spec.partition("=")
-        configs[name] = shlex.split(rest)
+        words = shlex.split(rest)
+        config_env[name] = dict(w[1:].split("=", 1) for w in words if w.startswith("@") and "=" in w)
+        configs[name] = [w for w in words if not (w.startswith("@") and "=" in w)]
     names = list(configs)
     work = tempfile.mkdtemp(prefix="memlab-phases-")
     with open(os.path.join(work, "memlab_phase_marks.py"), "w") as f:
@@ -141,7 +156,10 @@ def main() -> int:
             cmd = [args.python, "-m", "pytest", "-q", "-p", "memlab_phase_marks", "-p", "no:cacheprovider",
                    *([] if args.no_junit else [f"--junitxml={junit}"]), *configs[name], *pytest_args]
             spawned = time.clock_gettime(time.CLOCK_MONOTONIC)
-            proc = subprocess.run(cmd, cwd=args.suite, env=dict(env, MEMLAB_PHASE_MARKS=marks_path),
+            run_env = dict(env, MEMLAB_PHASE_MARKS=marks_path)
+            for var, value in config_env[name].items():   # a PYTHONPATH keeps the marks plugin's folder
+                run_env[var] = os.pathsep.join((value, work)) if var == "PYTHONPATH" else value
+            proc = subprocess.run(cmd, cwd=args.suite, env=run_env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             ended = time.clock_gettime(time.CLOCK_MONOTONIC)
             marks = {}
@@ -161,18 +179,21 @@ def main() -> int:
                 tests = sum(1 for _ in ET.parse(junit).getroot().iter("testcase"))
             phases = phases_of(marks, spawned, ended)
             runs[name].append(phases)
-            print(f"round {r + 1} {name:>12}: " + " ".join(f"{p} {phases[p]:.3f}" for p in PHASES), flush=True)
-    medians = {n: {p: statistics.median(x[p] for x in runs[n]) for p in PHASES} for n in names}
+            print(f"round {r + 1} {name:>12}: " + " ".join(f"{p} {phases[p]:.3f}" for p in PHASES)
+                  + f" full_gc {phases['full_gc']:.0f}", flush=True)
+    medians = {n: {p: statistics.median(x[p] for x in runs[n]) for p in COLUMNS} for n in names}
     ref = names[0]
     lines = [f"`{args.suite}` {' '.join(pytest_args)}: {tests} tests, {args.rounds} rounds alternating, medians (s); "
              f"{os.path.basename(args.python)} {subprocess.run([args.python, '-c', 'import sys; print(sys.version.split()[0])'], capture_output=True, text=True).stdout.strip()}",
-             "", "| configuration | " + " | ".join(PHASES) + " |", "|---" * (len(PHASES) + 1) + "|"]
+             "", "| configuration | " + " | ".join(PHASES) + " | full collections in the tests |",
+             "|---" * (len(PHASES) + 2) + "|"]
     for n in names:
-        lines.append(f"| {n} | " + " | ".join(f"{medians[n][p]:.3f}" for p in PHASES) + " |")
+        lines.append(f"| {n} | " + " | ".join(f"{medians[n][p]:.3f}" for p in PHASES)
+                     + f" | {medians[n]['full_gc']:g} |")
     for n in names[1:]:
         lines.append(f"| {n} - {ref}, ms (us a test) | " + " | ".join(
             f"{(medians[n][p] - medians[ref][p]) * 1e3:+.0f} ({(medians[n][p] - medians[ref][p]) * 1e6 / max(tests, 1):+.0f})"
-            for p in PHASES) + " |")
+            for p in PHASES) + f" | {medians[n]['full_gc'] - medians[ref]['full_gc']:+g} |")
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -1,6 +1,7 @@
 """Acceptance tests of the plugin on CPU tensors, through pytester: exit
 codes, outcomes and what the user reads."""
 
+import json
 import os
 
 import pytest
@@ -8,6 +9,8 @@ import pytest
 from conftest import requires_torch
 
 pytestmark = requires_torch
+
+MiB = 2**20
 
 HEADER = """
 import threading
@@ -386,6 +389,71 @@ def test_x():
     # the line that allocated: the helper, which is user code too
     assert top[0] == {"file": "test_inner.py", "function": "cpu_bytes", "bytes": 3 * 2**20, "peak_total": 3 * 2**20,
                       "line": line_no(inner.path / "test_inner.py", "return torch.empty")}
+
+
+def test_a_test_that_kept_nothing_leaves_its_zero_figures_out_of_junit_and_reads_the_same(inner):
+    """A device that kept nothing past its teardown writes no leaked, kept,
+    first_use or peak_with_kept property (0, 0, 0, its peak), and no name
+    where the name is the device's own: each is an element junit keeps to
+    the end.  The controller under pytest-xdist reads every figure back as
+    the serial run has it; a test that kept something writes all four."""
+    body = """
+KEPT = []
+
+def test_nothing_kept():
+    a = cpu_bytes(3 * MiB)
+
+def test_keeps():
+    KEPT.append(cpu_bytes(2 * MiB))
+"""
+    run(inner, body, "--junitxml=serial.xml", "--memlab-json=serial.json").assert_outcomes(passed=2)
+    import xml.etree.ElementTree as ET
+
+    def props(path):
+        return {case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+                for case in ET.parse(inner.path / path).getroot().iter("testcase")}
+
+    serial = props("serial.xml")
+    assert set(serial["test_nothing_kept"]) >= {"memlab.cpu.peak", "memlab.cpu.peak_total", "memlab.cpu.top"}
+    assert not {"memlab.cpu.leaked", "memlab.cpu.kept", "memlab.cpu.first_use", "memlab.cpu.peak_with_kept",
+                "memlab.cpu.name"} & set(serial["test_nothing_kept"])
+    assert int(serial["test_keeps"]["memlab.cpu.leaked"]) == 2 * MiB
+    assert {"memlab.cpu.kept", "memlab.cpu.peak_with_kept"} <= set(serial["test_keeps"])
+    run(inner, body, "-n", "2", "--junitxml=workers.xml", "--memlab-json=workers.json").assert_outcomes(passed=2)
+    assert props("workers.xml") == serial
+
+    def figures(path):
+        data = json.loads((inner.path / path).read_text())
+        return {t["nodeid"]: {d: {k: v for k, v in f.items() if k != "gpu"} for d, f in t["devices"].items()}
+                for t in data["tests"]}
+
+    read_back = figures("workers.json")
+    assert read_back == figures("serial.json")
+    nothing = read_back["test_inner.py::test_nothing_kept"]["cpu"]
+    assert (nothing["leaked"], nothing["kept"], nothing["first_use"], nothing["peak"]) == (0, 0, 0, 3 * MiB)
+
+
+def test_the_property_codec_reads_back_what_it_wrote_for_every_shape_of_figures():
+    """encode then decode gives back every figure: a device that kept
+    nothing (its four figures left out), one that kept something, one the
+    engine did not follow (kept, first_use and peak_with_kept unknown: all
+    written that are known), one not measured, a name that is not the
+    device's own."""
+    from pytest_memlab.reports.results import DeviceResult, TestResult, decode, encode
+
+    shapes = [
+        DeviceResult("cpu", peak=5, peak_total=9, leaked=0, kept=0, first_use=0, peak_with_kept=5, name="cpu"),
+        DeviceResult("cpu", peak=5, peak_total=9, leaked=0, kept=3, first_use=3, peak_with_kept=8, name="cpu"),
+        DeviceResult("cpu", peak=5, peak_total=9, leaked=2, kept=2, first_use=0, peak_with_kept=7, name="cpu"),
+        DeviceResult("cuda:0", peak=5, peak_total=9, reserved_peak=20, leaked=0, name="cuda"),
+        DeviceResult("cuda:0", peak=0, peak_total=0, reserved_peak=0, leaked=0, kept=0, first_use=0,
+                     peak_with_kept=0, name="cuda:0", gpu="1"),
+        DeviceResult("cuda:1", measured=False, reason="no bridge", name="cuda:1"),
+    ]
+    for shape in shapes:
+        result = TestResult("t.py::t", devices={shape.device: shape})
+        back = decode("t.py::t", encode(result))
+        assert back.devices == result.devices, shape
 
 
 def test_plugin_can_be_turned_off(inner):

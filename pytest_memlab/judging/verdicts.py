@@ -204,8 +204,8 @@ class Verdicts:
             warnings.warn_explicit(MemlabLeakWarning(text), MemlabLeakWarning, run.location[0] or run.nodeid,
                                    run.location[1])
         except Warning:
-            run.said.append(f"{run.nodeid}: {text.splitlines()[0]} (its MemlabLeakWarning was raised as an "
-                            "error by the warnings filter)")
+            run.said = [*run.said, f"{run.nodeid}: {text.splitlines()[0]} (its MemlabLeakWarning was raised "
+                        "as an error by the warnings filter)"]
 
     def _leak_findings(self, run, failures: list[str]) -> None:
         for device, kept in run.growth.items():
@@ -217,12 +217,12 @@ class Verdicts:
                 run.failed[growth.key] = growth
                 failures.append(text)
             else:
-                run.warned.append(growth.key)
+                run.warned = [*run.warned, growth.key]
                 self._warn(text, run)
         for device, leak in run.leaks.items():
             text = leak_report(leak, self.options.top)
             if run.leak_policy.get(device) != "fail":
-                run.warned.append(leak.key)
+                run.warned = [*run.warned, leak.key]
                 self._warn(text, run)
             elif not run.call_failed:
                 run.failed[leak.key] = leak
@@ -249,7 +249,7 @@ class Verdicts:
                     # no torch bridge (no compiler, an unsupported torch): a
                     # marker that was never judged fails the session at its
                     # end unless --memlab-accept-unjudged (session.py)
-                    run.unjudged.append(f"{device}: {reason}")
+                    run.unjudged = [*run.unjudged, f"{device}: {reason}"]
                 if spec.kind == "cuda" and self.options.require_cuda:
                     failures.append(f"{device} not measured: {reason} (--memlab-require-cuda)")
                 else:
@@ -363,7 +363,7 @@ class Verdicts:
             if device in measurement.unmeasured:
                 continue
             if self.session.other_gpu(device):   # a baseline of another GPU kind: never a false regression
-                run.not_compared.add(device)
+                run.not_compared |= {device}
                 continue
             entry = baseline.entry(self.session.env, run.nodeid, run.names.get(device, device))
             if entry is None or entry.get("peak") is None:
@@ -427,7 +427,7 @@ class Verdicts:
                 if entry is None or entry.get("peak") is None or figures is None or figures.peak is None:
                     continue
                 if self.session.other_gpu(figures.device, child.gpu_names.get(figures.device)):
-                    run.not_compared.add(device)
+                    run.not_compared |= {device}
                     continue
                 tolerance = spec.tolerance or options.tolerance
                 change = compare(figures.device, entry["peak"], figures.peak, tolerance, options.baseline, child.label)

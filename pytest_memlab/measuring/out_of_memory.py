@@ -240,8 +240,8 @@ class Observer:
         if run is None or run.measurement is None:
             return
         try:
-            run.out_of_memory.append(take_moment(run.measurement, f"cuda:{int(device)}", int(alloc),
-                                                 sys._getframe(1)))
+            run.out_of_memory = [*run.out_of_memory, take_moment(run.measurement, f"cuda:{int(device)}", int(alloc),
+                                                                 sys._getframe(1))]
         except Exception as exc:   # memlab's trouble, never the test's
             run.error = run.error or f"the out-of-memory figures were not taken: {type(exc).__name__}: {exc}"
 

@@ -38,7 +38,12 @@ class TestRun:
     nodeid: str = ""
     location: tuple = ("", 0)             # the test function's file and line: where its warnings point
     measurement: Measurement | None = None
-    devices: list = field(default_factory=list)   # (spec, concrete device)
+    # Sequences that most tests leave empty are the empty tuple until
+    # something is added (a new list then): each empty list is an object the
+    # collector tracks, held through the test, and promoted to the oldest
+    # generation whenever a middle collection falls inside the test (on a
+    # large heap, what brings the next full collection nearer).
+    devices: list | tuple = ()             # (spec, concrete device)
     fixtures: int = 0                     # fixtures set up while measuring
     figures: dict | None = None           # final, after teardown
     failed: dict = field(default_factory=dict)   # finding key -> finding (judging.findings)
@@ -46,29 +51,29 @@ class TestRun:
     suspects: dict = field(default_factory=dict)  # device -> blocks left to the session's batch
     leaked: dict = field(default_factory=dict)    # device -> bytes the leak check judged, where it searched
     leak_policy: dict = field(default_factory=dict)  # device -> "fail" or "warn"
-    warned: list = field(default_factory=list)   # finding keys
+    warned: list | tuple = ()              # finding keys
     call_failed: bool = False
     failure: object = None                # the failed call's traceback (pytest keeps it a while)
     user_failed: bool = False            # setup, call or teardown failed by the test's own doing
     names: dict = field(default_factory=dict)     # concrete device -> name as asked ("cuda", "cpu")
     changes: dict = field(default_factory=dict)   # device -> findings.Change
-    not_compared: set = field(default_factory=set)   # devices not compared: the baseline is another GPU kind's
+    not_compared: frozenset = frozenset()   # devices not compared: the baseline is another GPU kind's
     repeating: bool = False
     judged: bool = False                  # anything to judge before teardown: budgets, notes, a baseline
     growth: dict = field(default_factory=dict)   # device -> bytes kept by each repetition
     error: str = ""                       # memlab's own trouble
-    said: list = field(default_factory=list)     # what a warning could not say (an error by the filter)
-    unjudged: list = field(default_factory=list)  # "device: why" of a marked device memlab could not measure
+    said: list | tuple = ()                # what a warning could not say (an error by the filter)
+    unjudged: list | tuple = ()            # "device: why" of a marked device memlab could not measure
     armed: tuple | None = None            # the children's folder, while the test runs (ChildWatch.arm)
     watch: ChildWatch | None = None       # the session's, which armed it
-    children: list = field(default_factory=list)  # ChildFigures of the processes it started
-    ranks: list = field(default_factory=list)     # under torchrun, on rank 0: every rank's ChildFigures
-    others: list = field(default_factory=list)    # GPUs measured that the test did not ask for
+    children: list | tuple = ()            # ChildFigures of the processes it started
+    ranks: list | tuple = ()               # under torchrun, on rank 0: every rank's ChildFigures
+    others: list | tuple = ()              # GPUs measured that the test did not ask for
     item: object = None                   # the test's item, while it runs (what pytest holds of it)
     site_changes: dict = field(default_factory=dict)   # device -> [SiteChange] against the baseline
-    out_of_memory: list = field(default_factory=list)  # out_of_memory.Moment of each failed request heard
+    out_of_memory: list | tuple = ()                   # out_of_memory.Moment of each failed request heard
     cpu_failed: int = 0                                # the CPU's failed requests before the test (engine.failed)
-    explained: list = field(default_factory=list)      # out_of_memory.Explanation of each, for the reports
+    explained: list | tuple = ()                       # out_of_memory.Explanation of each, for the reports
     kind_walk: KindWalk | None = None                  # the phase hook while it runs (memory by kind)
 
     # -- opening -------------------------------------------------------------------
@@ -213,13 +218,14 @@ class TestRun:
                 explanation = explain(self, excinfo.value, excinfo.tb, session, core(), top)
                 if explanation is not None:
                     self.out_of_memory = [m for m in self.out_of_memory if m is not explanation.moment]
-                    self.explained.append(explanation)
+                    self.explained = [*self.explained, explanation]
                     if report.failed:
                         report.sections.append(("memlab: out of memory", explanation.rendered))
             if call.when == "teardown":
                 for moment in self.out_of_memory:
-                    self.explained.append(explain(self, None, None, None, core(), top, caught=True, moment=moment))
-                self.out_of_memory = []
+                    self.explained = [*self.explained,
+                                      explain(self, None, None, None, core(), top, caught=True, moment=moment)]
+                self.out_of_memory = ()
         except Exception as exc:  # memlab's trouble, never the test's
             self.error = self.error or f"the out-of-memory was not explained: {type(exc).__name__}: {exc}"
 
@@ -323,7 +329,7 @@ class TestRun:
             explained = sum(1 for e in self.explained if e.moment.device == "cpu")
             moment = cpu_moment(measurement, self.cpu_failed + explained)
             if moment is not None:
-                self.out_of_memory.append(moment)
+                self.out_of_memory = [*self.out_of_memory, moment]
         except Exception as exc:
             self.error = self.error or f"the out-of-memory was not explained: {type(exc).__name__}: {exc}"
         kept = {}
@@ -393,11 +399,12 @@ class TestRun:
         want_sites = writes_baseline or bool(detail)
         if detail == "flagged" and not (self.failed or self.warned or self.suspects or self.said or self.explained):
             detail = ""
-        result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed), warned=sorted(self.warned),
+        result = TestResult(self.nodeid, failed_by_memlab=sorted(self.failed) if self.failed else (),
+                            warned=sorted(self.warned) if self.warned else (),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,
                             unjudged=self.unjudged,
-                            processes=self.processes(),
-                            out_of_memory=[e.as_dict() for e in self.explained])
+                            processes=self.processes() if self.ranks or self.children else (),
+                            out_of_memory=[e.as_dict() for e in self.explained] if self.explained else ())
         if self.measurement is None:
             return result
         for spec, device in self.devices:

@@ -18,7 +18,10 @@ device), ``memlab.DEVICE.gpu`` for the machine's GPU behind a narrowed
 (``regressed``, ``improved``, ``same``, ``new``, ``not compared``: written on
 another GPU kind), and, only when a JSON or
 HTML report is written, ``memlab.DEVICE.detail`` (JSON: the timeline, the
-marks and phases, where the peak fell, the leak report).
+marks and phases, where the peak fell, the leak report).  A device that kept
+nothing leaves out ``leaked``, ``kept``, ``first_use`` (0) and
+``peak_with_kept`` (its ``peak``), and ``name`` where it is the device
+itself; decode restores them.
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ class DeviceResult:
     # library or a cache keeps for the process, allocated by whichever test
     # needs it first (shown, never compared); None where no check told it
     first_use: int | None = None
-    first_use_held: list = field(default_factory=list)   # that memory, named
-    sites: list = field(default_factory=list)   # heaviest lines at the peak (judging.site_changes)
-    site_changes: list = field(default_factory=list)   # against the baseline, where it regressed
+    # (the sequences most tests leave empty are the empty tuple: see compact)
+    first_use_held: list | tuple = ()   # that memory, named
+    sites: list | tuple = ()   # heaviest lines at the peak (judging.site_changes)
+    site_changes: list | tuple = ()   # against the baseline, where it regressed
     phases: dict = field(default_factory=dict)   # each phase's own peak: {"forward": bytes, ...}
     phase_max: dict = field(default_factory=dict)   # the marker's phase budgets, as phases
     kinds: dict | None = None        # bytes live at the peak by kind (a test with phases), else None
@@ -69,7 +73,7 @@ class DeviceResult:
     max: int | None = None
     max_total: int | None = None
     max_reserved: int | None = None
-    top: list = field(default_factory=list)  # heaviest lines: {file, line, function, bytes, peak_total}
+    top: list | tuple = ()  # heaviest lines: {file, line, function, bytes, peak_total}
     # the broader fixture instances the test needs, each with what its setup
     # held (measuring.broad_fixtures): what --memlab-pack counts per worker
     fixtures: dict | None = None
@@ -168,14 +172,14 @@ class TestResult:
     nodeid: str
     outcome: str = ""
     devices: dict[str, DeviceResult] = field(default_factory=dict)
-    failed_by_memlab: list[str] = field(default_factory=list)   # finding keys ("cpu max")
-    warned: list[str] = field(default_factory=list)             # finding keys ("cpu leaks")
+    failed_by_memlab: list[str] | tuple = ()   # finding keys ("cpu max")
+    warned: list[str] | tuple = ()             # finding keys ("cpu leaks")
     memlab_error: str = ""                                       # memlab's own trouble
     user_failed: bool = False                          # failed by its own doing, not by memlab
-    said: list[str] = field(default_factory=list)      # findings whose warning the filter made an error
-    unjudged: list[str] = field(default_factory=list)  # "device: why" of a marker memlab could not judge
-    processes: list[dict] = field(default_factory=list)  # its child processes (ChildFigures.as_dict())
-    out_of_memory: list[dict] = field(default_factory=list)  # each out-of-memory it met (Explanation.as_dict())
+    said: list[str] | tuple = ()      # findings whose warning the filter made an error
+    unjudged: list[str] | tuple = ()  # "device: why" of a marker memlab could not judge
+    processes: list[dict] | tuple = ()  # its child processes (ChildFigures.as_dict())
+    out_of_memory: list[dict] | tuple = ()  # each out-of-memory it met (Explanation.as_dict())
 
     @property
     def usable(self) -> bool:
@@ -187,25 +191,42 @@ class TestResult:
 _KEYS: dict[str, tuple] = {}   # device -> its property names, made once
 
 
+# What a device that kept nothing leaves out of its properties (decode
+# restores them): most tests keep nothing, and each property is an element
+# junit keeps to the session's end (on a large heap, objects the collector
+# walks at every full collection, and that bring the next one nearer).
+_KEPT_KEYS = ("leaked", "kept", "first_use", "peak_with_kept")
+
+
 def _keys(device: str) -> tuple:
     keys = _KEYS.get(device)
     if keys is None:
         p = f"{PREFIX}{device}."
+        ints = tuple((key, p + key) for key in _INT_KEYS)
         keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu", p + "kinds_note",
-                                tuple((key, p + key) for key in _INT_KEYS), p + "top", p + "detail",
-                                tuple((key, p + key) for key in _JSON_KEYS))
+                                ints, tuple((k, prop) for k, prop in ints if k not in _KEPT_KEYS),
+                                p + "top", p + "detail", tuple((key, p + key) for key in _JSON_KEYS))
     return keys
+
+
+def _kept_nothing(d: "DeviceResult") -> bool:
+    """Whether a measured device kept nothing past its teardown: its leaked,
+    kept and first_use 0, its peak_with_kept its peak (left out together:
+    a measured device always has its leaked figure, so their absence is
+    never the absence of figures)."""
+    return (d.measured and d.peak is not None and d.leaked == 0 and d.kept == 0 and d.first_use == 0
+            and d.peak_with_kept == d.peak)
 
 
 def encode(result: TestResult) -> list[tuple[str, object]]:
     props: list[tuple[str, object]] = []
     add = props.append
     for device, d in result.devices.items():
-        measured, reason, name, baseline, gpu, kinds_note, ints, top, detail, lists = _keys(device)
+        measured, reason, name, baseline, gpu, kinds_note, ints, lean, top, detail, lists = _keys(device)
         if not d.measured:
             add((measured, "false"))
             add((reason, d.reason))
-        if d.name:
+        if d.name and d.name != device:   # (decode: the device's own name where none is given)
             add((name, d.name))
         if d.baseline:
             add((baseline, d.baseline))
@@ -213,7 +234,7 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
             add((gpu, d.gpu))
         if d.kinds_note:
             add((kinds_note, d.kinds_note))
-        for key, prop in ints:
+        for key, prop in (lean if _kept_nothing(d) else ints):
             value = getattr(d, key)
             if value is not None:
                 add((prop, value))
@@ -322,4 +343,10 @@ def decode(nodeid: str, props) -> TestResult | None:
             setattr(dev, key, str(value))
         elif key in _INT_KEYS:
             setattr(dev, key, int(value))
+    if result is not None:
+        for device, dev in result.devices.items():
+            dev.name = dev.name or device
+            if (dev.measured and dev.peak is not None and dev.leaked is None and dev.kept is None
+                    and dev.first_use is None and dev.peak_with_kept is None):   # kept nothing (_kept_nothing)
+                dev.leaked, dev.kept, dev.first_use, dev.peak_with_kept = 0, 0, 0, dev.peak
     return result

@@ -132,7 +132,7 @@ class MemlabSession:
             return
         gathered = ranks.gather(run)
         run.ranks = [ranks.own(run)] + gathered
-        run.children = gathered + run.children
+        run.children = gathered + list(run.children)
 
     def _load_baseline(self) -> Baseline | None:
         path = self.options.baseline
