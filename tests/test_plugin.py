@@ -400,9 +400,11 @@ def test_a_test_that_kept_nothing_leaves_its_zero_figures_out_of_junit_and_reads
     body = """
 KEPT = []
 
+@pytest.mark.cpu_memory   # (unmarked, a test measures CUDA where there is one)
 def test_nothing_kept():
     a = cpu_bytes(3 * MiB)
 
+@pytest.mark.cpu_memory(leaks="4MiB")   # kept, within its allowance: passes
 def test_keeps():
     KEPT.append(cpu_bytes(2 * MiB))
 """
