@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_suite import print_summary  # noqa: E402
+
 TARGET_MS = 50.0
 
 TIMED = """
@@ -146,10 +149,7 @@ def main() -> int:
           for part in ("import", "body")),
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(text + "\n\n")
+    print_summary(text, args.out)
     return 0
 
 

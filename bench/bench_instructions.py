@@ -25,6 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_pertest import write_suite  # noqa: E402
+from bench_suite import print_summary  # noqa: E402
 
 
 def instructions(tree: str, folder: str) -> int:
@@ -72,10 +73,7 @@ def main() -> int:
     for commit, a, b, slope in rows:
         lines.append(f"| {commit} | {a:,} | {b:,} | {slope:,.0f} |")
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(text + "\n\n")
+    print_summary(text, args.out)
     return 0
 
 

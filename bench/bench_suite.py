@@ -86,6 +86,23 @@ def run(folder: str, args: list[str], junit: str, measured: bool, memlab_args: l
     return elapsed
 
 
+def split_pytest_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A bench's own arguments, and pytest's after ``--``."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
+def print_summary(text: str, out: str | None) -> None:
+    """A bench's summary (markdown): printed, and appended to out where
+    given (--out), a blank line after it."""
+    print(text)
+    if out:
+        with open(out, "a") as f:
+            f.write(text + "\n\n")
+
+
 def installed_bytecode(tree: str | None = None) -> None:
     """Compiles pytest-memlab's modules (this tree's, or tree's) to bytecode,
     as installing its wheel does.  Where PYTHONDONTWRITEBYTECODE is set (as
@@ -100,11 +117,7 @@ def installed_bytecode(tree: str | None = None) -> None:
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_pytest_args(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite")
     ap.add_argument("--rounds", type=int, default=2)

@@ -47,6 +47,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_suite import print_summary, split_pytest_args  # noqa: E402
+
 PLUGIN = '''
 import atexit, gc, os, time
 import pytest
@@ -119,11 +122,7 @@ def phases_of(marks: dict[str, float], spawned: float, ended: float) -> dict[str
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    pytest_args: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, pytest_args = argv[:i], argv[i + 1:]
+    argv, pytest_args = split_pytest_args(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite")
     ap.add_argument("--rounds", type=int, default=5)
@@ -195,10 +194,7 @@ def main() -> int:
             f"{(medians[n][p] - medians[ref][p]) * 1e3:+.0f} ({(medians[n][p] - medians[ref][p]) * 1e6 / max(tests, 1):+.0f})"
             for p in PHASES) + f" | {medians[n]['full_gc'] - medians[ref]['full_gc']:+g} |")
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(text + "\n\n")
+    print_summary(text, args.out)
     return 0
 
 

@@ -34,10 +34,8 @@ PyObject *Tracer_unpark(void);
 PyObject *Tracer_redecide(void);
 /* Lines touched since the last reset, with their figures on one device
  * slot (< LINE_SLOTS); with allocated_only, only those that allocated
- * there (a test's heaviest lines: a test runs hundreds of lines). */
-/* The lines run or allocating since the last reset, with their figures on
- * slot; with allocated_only those that allocated there; with top in
- * 1..LINE_STATS_TOP_MAX only the top heaviest of those, heaviest first
+ * there (a test's heaviest lines: a test runs hundreds of lines); with top
+ * in 1..LINE_STATS_TOP_MAX, only the top heaviest of those, heaviest first
  * (among equals in the table's order), else every one, unsorted. */
 #define LINE_STATS_TOP_MAX 64
 PyObject *Tracer_line_stats(int slot, int allocated_only, int top);

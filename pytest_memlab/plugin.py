@@ -146,10 +146,10 @@ class MemlabPlugin:
         item, run = self._running
         started = run.fixture_begin(fixturedef.scope, request.node is item)
         if not started and not WINDOWED:
-            # 3.12+: no detached scope (a function fixture, about six a
-            # test) and no window to open (one shared no-op)
-            if fixturedef.scope != "function":
-                self.session.broad_fixtures.forget(fixturedef)
+            # 3.12+: a broader fixture without a detached scope (no torch
+            # bridge): its size is not known, and no window to open (a
+            # function fixture returned above)
+            self.session.broad_fixtures.forget(fixturedef)
             return (yield)
         try:
             with self.current.window():

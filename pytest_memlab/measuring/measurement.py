@@ -48,13 +48,13 @@ class Measurement:
 
     def __init__(self, core: Core, devices: list[str], trace: bool = True, park: bool = False,
                  timeline: bool = False, log: bool = False, others: tuple[str, ...] = (),
-                 lines: bool = True, top_lines: int = 0):
+                 lines: bool = True, lines_top: int = 0):
         self.core = core
         # The per-line figures at the end (the heaviest lines a report or
         # the terminal table shows): a test with nothing to show them skips
         # reading every line that ran (on 3.11, each traced line of its code).
         self.lines = lines
-        self.top_lines = top_lines   # only the top that allocated the most (0: every line that allocated)
+        self.lines_top = lines_top   # of them, only the top that allocated the most (0: every line that allocated)
         self.park = park         # leave the tracer and torch's hooks ready for the next test
         self.trace = trace and core.name == BRIDGE
         self.trace_note = ""
@@ -146,7 +146,7 @@ class Measurement:
             if not fig.measured or meter.__class__ is not EngineMeter:
                 continue
             if self._traced_once and self.lines:
-                fig.lines = line_stats(meter.slot, allocated_only=True, top=self.top_lines)   # the reports read those
+                fig.lines = line_stats(meter.slot, allocated_only=True, top=self.lines_top)   # the reports read those
             if meter.log:
                 fig.alloc_log = meter.take_alloc_log()
         for device, reason in self.unmeasured.items():

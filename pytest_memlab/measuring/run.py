@@ -91,7 +91,7 @@ class TestRun:
             others = other_gpus(c, requested) if c.name == BRIDGE else []
             measurement = Measurement(c, list(dict.fromkeys(requested)) + others, park=True, timeline=True,
                                       log=options.snapshot is not None, others=tuple(others),
-                                      lines=options.top_lines, top_lines=options.top)
+                                      lines=options.top_lines, lines_top=options.top)
             resolved = measurement.resolved
             self.devices = [(spec, resolved[r]) for spec, r in zip(self.specs, requested)]
             self.devices += [(UNMARKED, d) for d in others]
@@ -202,9 +202,12 @@ class TestRun:
                     child.at_peak.pop(device, None)
         return children
 
-    def processes(self) -> list[dict]:
+    def processes(self) -> list[dict] | tuple:
         """Every rank (under torchrun, rank 0's own included), then the
-        other children, as the reports and the failures list them."""
+        other children, as the reports and the failures list them (the
+        empty tuple for a test that started none: most)."""
+        if not self.ranks and not self.children:
+            return ()
         return [c.as_dict() for c in self.ranks] + [c.as_dict() for c in self.children if c not in self.ranks]
 
     # -- out of memory ----------------------------------------------------------------
@@ -403,7 +406,7 @@ class TestRun:
                             warned=sorted(self.warned) if self.warned else (),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,
                             unjudged=self.unjudged,
-                            processes=self.processes() if self.ranks or self.children else (),
+                            processes=self.processes(),
                             out_of_memory=[e.as_dict() for e in self.explained] if self.explained else ())
         if self.measurement is None:
             return result
