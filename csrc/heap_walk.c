@@ -197,3 +197,17 @@ done:
     Ledger_fini(&seen);
     return result;
 }
+
+Py_ssize_t
+HeapWalk_untrack(PyObject *objects)
+{
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objects); i++) {
+        PyObject *item = PyList_GET_ITEM(objects, i);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) {
+            PyObject_GC_UnTrack(item);
+            count++;
+        }
+    }
+    return count;
+}

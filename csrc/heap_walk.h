@@ -19,4 +19,12 @@ PyObject *HeapWalk_referrers(PyObject *objects, PyObject *targets);
  * tuple), nor through them. */
 PyObject *HeapWalk_reach(PyObject *roots, Py_ssize_t limit, PyObject *prefixes);
 
+/* Stops the collector tracking each item of the list objects; returns how
+ * many it was tracking.  For records kept to the session's end that can
+ * never be part of a reference cycle (an untracked object in a cycle would
+ * never be freed): the collector has nothing to find in them, and each
+ * tracked one is promoted and walked at every full collection of a large
+ * heap.  As CPython untracks a tuple or dict of atoms itself. */
+Py_ssize_t HeapWalk_untrack(PyObject *objects);
+
 #endif

@@ -120,6 +120,18 @@ engine_reach(PyObject *Py_UNUSED(module), PyObject *args)
     return HeapWalk_reach(roots, limit, prefixes);
 }
 
+/* untrack(objects) -> how many items of the list objects the collector
+ * tracked and no longer does (heap_walk.h). */
+static PyObject *
+engine_untrack(PyObject *Py_UNUSED(module), PyObject *objects)
+{
+    if (!PyList_Check(objects)) {
+        PyErr_SetString(PyExc_TypeError, "untrack: objects must be a list");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(HeapWalk_untrack(objects));
+}
+
 /* referrers(objects, targets) -> the items of the list objects (the heap:
  * gc.get_objects()) that refer to any item of the list targets. */
 #define REFERRER_INDEX "pytest_memlab.referrer_index"
@@ -316,6 +328,9 @@ static PyMethodDef engine_methods[] = {
     {"referrers", engine_referrers, METH_VARARGS,
      "referrers(objects, targets) -> the items of the list objects that refer to any item of the "
      "list targets (as gc.get_referrers, at one lookup a reference)"},
+    {"untrack", engine_untrack, METH_O,
+     "untrack(objects) -> how many items of the list objects the collector tracked: it no longer "
+     "does (records kept to the session's end that can never be in a reference cycle)."},
     {"of_types", engine_of_types, METH_VARARGS,
      "of_types(objects, kinds) -> the items of the list objects whose exact "
      "type is in the set kinds."},

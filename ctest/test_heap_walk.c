@@ -219,6 +219,33 @@ test_reach_walks_depth_first_and_stops_where_told(void **state)
     Py_DECREF(globals);
 }
 
+/* untrack stops the collector tracking each tracked item, says how many
+ * it did, and passes over what it does not track (an int, an untracked
+ * tuple); the items still live and read as before. */
+static void
+test_untrack_stops_tracking_what_was_tracked(void **state)
+{
+    (void)state;
+    PyObject *record = PyList_New(0), *devices = PyDict_New();
+    PyObject *number = PyLong_FromLong(7), *empty = PyTuple_New(0);
+    assert_int_equal(PyDict_SetItemString(devices, "cpu", record), 0);
+    assert_true(PyObject_GC_IsTracked(record));
+    assert_true(PyObject_GC_IsTracked(devices));   /* it holds a tracked list */
+    PyObject *objects = Py_BuildValue("[OOOO]", record, devices, number, empty);
+    assert_int_equal(HeapWalk_untrack(objects), 2);
+    assert_false(PyObject_GC_IsTracked(record));
+    assert_false(PyObject_GC_IsTracked(devices));
+    assert_int_equal(HeapWalk_untrack(objects), 0);   /* again: nothing left to untrack */
+    assert_ptr_equal(PyDict_GetItemString(devices, "cpu"), record);
+    assert_int_equal(PyList_Append(record, number), 0);
+    assert_int_equal(PyList_GET_SIZE(record), 1);
+    Py_DECREF(objects);
+    Py_DECREF(devices);   /* freed while untracked: as a tracked one is */
+    Py_DECREF(record);
+    Py_DECREF(number);
+    Py_DECREF(empty);
+}
+
 int
 main(void)
 {
@@ -242,6 +269,7 @@ main(void)
         cmocka_unit_test(test_referrers_are_the_holders_of_any_target),
         cmocka_unit_test(test_the_referrer_index_answers_as_the_walk),
         cmocka_unit_test(test_reach_walks_depth_first_and_stops_where_told),
+        cmocka_unit_test(test_untrack_stops_tracking_what_was_tracked),
     };
     /* No Py_FinalizeEx: CPython frees only part of its own state there
      * (static types, interned strings), which valgrind would report as

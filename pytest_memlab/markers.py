@@ -65,6 +65,7 @@ class MemorySpec:
 # any other GPU a test uses besides the devices it asked for: no budget, the
 # session's leak policy.
 UNMARKED = MemorySpec(kind="auto", device=None, leaks=None, marked=False)
+_UNMARKED_SPECS = (UNMARKED,)
 
 
 def _parse_device(value: object) -> str | None:
@@ -130,7 +131,7 @@ def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
     return MemorySpec(**spec)
 
 
-def specs_for(item) -> list[MemorySpec]:
+def specs_for(item) -> tuple[MemorySpec, ...]:
     """The closest marker of each kind on item, parsed; where the closest
     cuda_memory marker is the test's own, every cuda_memory marker of the
     test's own that names another device too (one budget per GPU)."""
@@ -151,12 +152,15 @@ def specs_for(item) -> list[MemorySpec]:
             if (more.device or "cuda") not in devices:   # the same device twice: the closest wins
                 devices.add(more.device or "cuda")
                 specs.append(more)
-    return specs
+    return tuple(specs)
 
 
 # Each collected test's specs: set after collection (markers that hooks add
-# count), read by every hook of its run.
-SPECS = pytest.StashKey[list]()
+# count), read by every hook of its run.  A tuple: an unmarked test's is the
+# one shared (UNMARKED,) or the empty tuple, so that a suite of many tests
+# keeps no object per test for them (each would be one more object the
+# collector promotes and walks on a large heap).
+SPECS = pytest.StashKey[tuple]()
 # A marker that a hook added after collection and that does not parse: on a
 # pytest-xdist worker, where a usage error would crash the controller, the
 # test fails its setup with this text instead.
@@ -189,6 +193,6 @@ def stash_specs(items, measure_all: bool) -> list[str]:
             item.stash[BAD_MARKER] = f"pytest-memlab: bad memory marker\n  {item.nodeid}: {exc}"
             continue
         if not specs and (measure_all or "memlab" in getattr(item, "fixturenames", ())):
-            specs = [UNMARKED]
+            specs = _UNMARKED_SPECS
         item.stash[SPECS] = specs
     return errors

@@ -435,6 +435,48 @@ def test_keeps():
     assert (nothing["leaked"], nothing["kept"], nothing["first_use"], nothing["peak"]) == (0, 0, 0, 3 * MiB)
 
 
+def test_the_results_kept_to_the_end_are_not_tracked_by_the_collector_and_read_the_same(inner):
+    """Each result the session keeps to its end (the test, its devices,
+    their heaviest lines) is untracked by the garbage collector: on a large
+    heap each tracked one is promoted and walked at every full collection,
+    and a few a test brought the next one into the tests.  The reports
+    read from them still say what was measured, serial and under xdist."""
+    inner.makeconftest("""
+import gc
+
+def pytest_sessionfinish(session):
+    manager = session.config.pluginmanager.get_plugin("memlab-manager")
+    results = manager.session.results
+    kept = [r for r in results.values()] + [r.devices for r in results.values()]
+    kept += [d for r in results.values() for d in r.devices.values()]
+    kept += [d.top for r in results.values() for d in r.devices.values() if d.top]
+    print(f"kept {len(results)} results, {sum(map(gc.is_tracked, kept))} of {len(kept)} objects tracked")
+""")
+    body = """
+KEPT = []
+
+@pytest.mark.cpu_memory
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_allocates(n):
+    a = cpu_bytes(n * MiB)
+
+@pytest.mark.cpu_memory(leaks="4MiB")
+def test_keeps():
+    KEPT.append(cpu_bytes(2 * MiB))
+"""
+    result = run(inner, body, "-s", "--junitxml=serial.xml", "--memlab-json=serial.json")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*kept 4 results, 0 of 16 objects tracked*"])
+    data = json.loads((inner.path / "serial.json").read_text())
+    cpu = {t["nodeid"].split("::")[1]: t["devices"]["cpu"] for t in data["tests"]}
+    assert [cpu[f"test_allocates[{n}]"]["peak"] for n in (1, 2, 3)] == [MiB, 2 * MiB, 3 * MiB]
+    assert [cpu[f"test_allocates[{n}]"]["top"][0]["bytes"] for n in (1, 2, 3)] == [MiB, 2 * MiB, 3 * MiB]
+    assert (cpu["test_keeps"]["leaked"], cpu["test_keeps"]["peak_with_kept"]) == (2 * MiB, 2 * MiB)
+    workers = run(inner, body, "-n", "2", "--memlab-json=workers.json")
+    workers.assert_outcomes(passed=4)
+    assert json.loads((inner.path / "workers.json").read_text())["tests"] == data["tests"]
+
+
 def test_the_property_codec_reads_back_what_it_wrote_for_every_shape_of_figures():
     """encode then decode gives back every figure: a device that kept
     nothing (its four figures left out), one that kept something, one the

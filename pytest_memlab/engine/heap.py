@@ -41,6 +41,15 @@ def reach(roots, limit: int, prefixes: tuple) -> list:
     return _engine.reach(list(roots), limit, prefixes)
 
 
+def untrack(objects: list) -> int:
+    """The collector stops tracking each of objects (how many it did): for
+    records kept to the session's end that can never be in a reference
+    cycle (one that is would never be freed).  Each tracked one would be
+    promoted to the oldest generation, bring its next full collection
+    nearer (0.3 s on a heap of a million objects) and be walked by it."""
+    return _engine.untrack(objects)
+
+
 def heap_objects() -> list:
     """Every object the garbage collector tracks (a snapshot: the holder
     search walks it once a level)."""

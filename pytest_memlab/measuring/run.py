@@ -34,7 +34,7 @@ class TestRun:
 
     __test__ = False   # not a pytest test class
 
-    specs: list
+    specs: tuple
     nodeid: str = ""
     location: tuple = ("", 0)             # the test function's file and line: where its warnings point
     measurement: Measurement | None = None

@@ -163,6 +163,19 @@ def compact(result: "TestResult") -> "TestResult":
     return result
 
 
+def containers(result: "TestResult") -> list:
+    """The result's own containers: itself, its devices and their dict,
+    and its lists.  None of them refers back to another, so none is ever
+    in a reference cycle (the session has the collector stop tracking
+    them: session.record)."""
+    out: list = [result, result.devices]
+    out += [value for name in _TEST_LISTS if (value := getattr(result, name)).__class__ is list]
+    for device in result.devices.values():
+        out.append(device)
+        out += [value for name in _DEVICE_LISTS if (value := getattr(device, name)).__class__ is list]
+    return out
+
+
 @dataclass
 class TestResult:
     """One test: its outcome and what each measured device showed."""
