@@ -165,9 +165,9 @@ def compact(result: "TestResult") -> "TestResult":
 
 def containers(result: "TestResult") -> list:
     """The result's own containers: itself, its devices and their dict,
-    and its lists.  None of them refers back to another, so none is ever
-    in a reference cycle (the session has the collector stop tracking
-    them: session.record)."""
+    and its lists.  Each refers only down to figures, names and the next
+    of them, never back up, so none is ever in a reference cycle (the
+    session has the collector stop tracking them: session.record)."""
     out: list = [result, result.devices]
     out += [value for name in _TEST_LISTS if (value := getattr(result, name)).__class__ is list]
     for device in result.devices.values():
