@@ -747,12 +747,14 @@ def test_the_search_imports_no_lazy_module(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_collector_waits_from_the_sessions_end_to_unconfigure_and_is_left_as_found(pytester, enabled):
-    """From memlab's session end (the leak check's batch, the reports) to
-    the end of pytest's unconfigure, the collector makes no automatic
-    collection: those temporaries would trigger a full collection on a
-    large heap just before pytest's own (its unconfigure's, 8.4 and later).
-    The leak is still confirmed and told; after unconfigure the collector
-    is as memlab found it, disabled by the suite's conftest or not."""
+    """From memlab's session end (the leak check's batch, the reports)
+    through pytest's unconfigure and the cleanups of plugins configured
+    after memlab, the collector makes no automatic collection: those
+    temporaries would trigger a full collection on a large heap just before
+    pytest's own (its unraisable-exception plugin's: at unconfigure in
+    pytest 9, in such a cleanup in 8.4).  The leak is still confirmed and
+    told; after the cleanups the collector is as memlab found it, disabled
+    by the suite's conftest or not."""
     pytester.makeconftest(f"""
 import gc, pytest
 SEEN = {{}}
@@ -760,7 +762,11 @@ SEEN = {{}}
 def pytest_configure(config):
     if not {enabled}:
         gc.disable()
-    config.add_cleanup(lambda: print("COLLECTOR", SEEN.get("summary"), SEEN.get("unconfigure"), gc.isenabled()))
+    config.add_cleanup(lambda: print("COLLECTOR", SEEN.get("summary"), SEEN.get("unconfigure"),
+                                     SEEN.get("late cleanup"), gc.isenabled()))
+
+def pytest_sessionstart(session):   # a cleanup registered after memlab's, as pytest's own plugins' are
+    session.config.add_cleanup(lambda: SEEN.setdefault("late cleanup", gc.isenabled()))
 
 def pytest_terminal_summary(terminalreporter):
     SEEN["summary"] = gc.isenabled()
@@ -776,11 +782,11 @@ def pytest_unconfigure(config):
                  "--memlab", "-s", subprocess=True)
     result.assert_outcomes(passed=1, warnings=1)
     assert f"{device} leaked 64.0 KiB after teardown" in result.stdout.str()
-    assert f"COLLECTOR False False {enabled}" in result.stdout.str()
+    assert f"COLLECTOR False False False {enabled}" in result.stdout.str()
     # a session memlab measured nothing in (no --memlab, no marker) keeps its collector as it was
     result = run(pytester, "\ndef test_keeps():\n    _CACHE.append(cpu_bytes(64 * KiB))\n", "-s", subprocess=True)
     result.assert_outcomes(passed=1)
-    assert f"COLLECTOR {enabled} {enabled} {enabled}" in result.stdout.str()
+    assert f"COLLECTOR {enabled} {enabled} {enabled} {enabled}" in result.stdout.str()
 
 
 def test_the_collector_resumes_where_another_plugins_unconfigure_raises(pytester):

@@ -236,24 +236,24 @@ class MemlabSession:
 
     def finish(self, session, top: int) -> None:
         """The session's end on this process: the leak check's batch, the
-        reports, the baseline.  From here to pytest's unconfigure the
-        collector makes no automatic collection (resume_collector): the
-        holder search's, the reports' and junit's temporaries, freed as
-        they go, would otherwise trigger a full collection on a large heap
-        (0.42 s on 1.1 M objects), just before the full collections pytest
-        itself makes at unconfigure (8.4 and later) or the interpreter makes
-        at exit.  memlab's own explicit collections still run.  Only in a
-        process where memlab measured a test (or heard of one measured):
-        a session memlab took no part in keeps its collector as it was."""
+        reports, the baseline.  From here to pytest's cleanup the
+        collector makes no automatic collection (resume_collector, a
+        cleanup the plugin registers as it is configured): the holder
+        search's, the reports' and junit's temporaries, freed as they go,
+        would otherwise trigger a full collection on a large heap (0.42 s
+        on 1.1 M objects), just before the full collections pytest itself
+        makes at unconfigure or in its cleanup (8.4 and later) or the
+        interpreter makes at exit.  memlab's own explicit collections still
+        run.  Only in a process where memlab measured a test (or heard of
+        one measured): a session memlab took no part in keeps its collector
+        as it was."""
         if self._collector_was_enabled is None and (self._made or self.results or self.suspects):
             self._collector_was_enabled = gc.isenabled()
             gc.disable()
-            # (also where another plugin's unconfigure raises before memlab's)
-            self.config.add_cleanup(self.resume_collector)
         self._finish(session, top)
 
     def resume_collector(self) -> None:
-        """At unconfigure: the collector as finish found it."""
+        """In pytest's cleanup: the collector as finish found it."""
         if self._collector_was_enabled:
             gc.enable()
         self._collector_was_enabled = None
