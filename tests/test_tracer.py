@@ -5,6 +5,7 @@ them.  Needs no torch: ci/test runs it on every Python it finds."""
 import asyncio
 import contextlib
 import copy
+import gc
 import os
 import sys
 import threading
@@ -337,6 +338,9 @@ def test_a_profiled_function_counts_every_lines_hits():
     stats = {(s.frame.function, s.frame.line): s for s in line_stats(CPU)}
     body = stats[("loops", line_of(loops, "loop body"))]
     assert (body.hits, body.allocated, body.peak_total) == (5, 15, 15)
+    # each line's frame is kept for the process: the collector does not track it
+    assert not any(gc.is_tracked(s.frame) for s in stats.values())
+    assert body.frame.function == "loops" and body.frame.line == line_of(loops, "loop body")
     assert stats[("loops", line_of(loops, "for i in range"))].hits == 6
 
 

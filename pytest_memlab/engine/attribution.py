@@ -67,6 +67,11 @@ def frame_of(code, lineno: int) -> Frame:
     if frame is None:
         path, shown = _paths_of(root, code.co_filename)
         frame = Frame(shown, path, lineno, getattr(code, "co_qualname", code.co_name))
+        # Kept for the process, and of strings and an int: the collector
+        # never untracks a named tuple itself (only an exact tuple), and
+        # kornia's suite made 5,200 of them, each walked at every full
+        # collection.
+        engine.untrack([frame])
         _FRAMES[(root, code, lineno)] = frame
     return frame
 
