@@ -622,6 +622,33 @@ def test_cycle_in_the_middle_generation():
     assert leaked["test_cycle_in_the_middle_generation"] == [0]
 
 
+def test_a_storage_address_is_read_without_making_the_storage_object():
+    """storage_address says what untyped_storage().data_ptr() says, for
+    views at an offset, of other dtypes, transposed; and it makes no
+    storage object (torch keeps one made for as long as the storage lives:
+    the end's search made one for every live tensor it looked at)."""
+    import gc
+
+    import torch
+
+    from pytest_memlab.engine.heap import storage_address
+
+    base = torch.arange(64, dtype=torch.float32)
+    views = [base, base[5:], base[7:20:3], base.view(8, 8).t()[2:], torch.zeros(6, dtype=torch.complex64)[1:],
+             torch.ones(9, dtype=torch.bool)[4:], torch.empty(0)]
+    fresh = [torch.randn(4, 4)[1:] for _ in range(20)]
+
+    def storages():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) is torch.UntypedStorage)
+
+    before = storages()
+    addresses = [storage_address(t) for t in fresh]
+    assert storages() == before
+    assert addresses == [t.untyped_storage().data_ptr() for t in fresh]
+    assert [storage_address(t) for t in views] == [t.untyped_storage().data_ptr() for t in views]
+
+
 def test_the_end_finds_what_modules_hold_without_walking_the_heap(monkeypatch):
     """The end's search looks below modules' globals first: tensors a
     module's list or dict holds are proven held and named as the heap's

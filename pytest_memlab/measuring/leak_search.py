@@ -31,7 +31,7 @@ from collections import deque
 
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
-from ..engine.heap import ReferrerIndex, heap_objects, reach, tensor_objects
+from ..engine.heap import ReferrerIndex, heap_objects, reach, storage_address, tensor_objects
 from ..judging.findings import Leak, LeakedTensor, LeakSite
 from ..sizes import format_size
 
@@ -108,9 +108,10 @@ def first_use_held(leak, torch=None) -> list[str]:
 
 
 def _live_tensors(torch, device: str, grads: dict, heap: list | None = None) -> list:
-    """The tensors the garbage collector tracks on device (dense ones with
-    storage; views count through their storage); fills grads with
-    id(gradient) -> the tensor whose .grad it is."""
+    """(storage address, tensor) of the tensors the garbage collector
+    tracks on device (dense ones with storage; views count through their
+    storage); fills grads with id(gradient) -> the tensor whose .grad it
+    is."""
     want_cuda = device != CPU
     index = cuda_index(device) if want_cuda else None
     out = []
@@ -122,12 +123,11 @@ def _live_tensors(torch, device: str, grads: dict, heap: list | None = None) -> 
             dev = obj.device
             if (dev.type == "cuda") != want_cuda or (want_cuda and dev.index != index):
                 continue
-            storage = obj.untyped_storage()
-            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+            ptr = storage_address(obj)
         except Exception:  # sparse, meta, fake or functional tensors: no storage of their own
             continue
         if ptr:
-            out.append((ptr, nbytes, obj))
+            out.append((ptr, obj))
     return out
 
 
@@ -228,15 +228,15 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     if quick is not None:
         # every block is held by a tensor a module's globals reach: proven
         # held, each named by that path, without a walk of the heap
-        tensors, named = quick
-        proven = {id(t) for _, _, t in tensors}
+        tensors, named = [(ptr, t) for ptr, _, t in quick[0]], quick[1]
+        proven = {id(t) for _, t in tensors}
         heap = None
     else:
         # One snapshot of the heap for the tensors and the holder search (each
         # gc.get_objects() of a large heap costs about 60 ms)
         heap = heap_objects()
         tensors = _live_tensors(torch, device, grads, heap) if torch is not None else []
-    for ptr, nbytes, tensor in tensors:
+    for ptr, tensor in tensors:
         i = bisect.bisect_right(addrs, ptr) - 1
         if i < 0:
             continue
@@ -248,6 +248,10 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
             same[1].append(tensor)
             continue
         found[ptr] = (starts[i], [tensor])
+        try:   # (the storage's Python object made only for a tensor in a block)
+            nbytes = tensor.untyped_storage().nbytes()
+        except Exception:
+            nbytes = addr + size - ptr
         owned[addr] = owned.get(addr, 0) + min(nbytes, addr + size - ptr)
     deadline = (started or time.perf_counter()) + seconds
     released: dict[int, int] = {}   # block addr -> bytes of excused tensors
@@ -371,12 +375,13 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
                     dev = obj.device
                     if (dev.type == "cuda") != want_cuda or (want_cuda and dev.index != index):
                         continue
-                    storage = obj.untyped_storage()
-                    ptr, nbytes = storage.data_ptr(), storage.nbytes()
+                    ptr = storage_address(obj)
+                    i = bisect.bisect_right(addrs, ptr) - 1
+                    if i < 0 or ptr >= starts[i][0] + starts[i][1]:
+                        continue
+                    # (the storage's Python object made only for a tensor in a block)
+                    nbytes = obj.untyped_storage().nbytes()
                 except Exception:   # no storage of its own
-                    continue
-                i = bisect.bisect_right(addrs, ptr) - 1
-                if i < 0 or ptr >= starts[i][0] + starts[i][1]:
                     continue
                 found[id(obj)] = (ptr, nbytes, obj, link)
                 left.discard(starts[i][0])
@@ -463,7 +468,7 @@ def storages_held_by_pytest(item, failure, torch, limit: int = 20000) -> set[int
     out = set()
     for obj in tensor_objects(torch, _reach(roots, limit)):
         try:
-            out.add(obj.untyped_storage().data_ptr())
+            out.add(storage_address(obj))
         except Exception:   # sparse, meta or fake tensors: no storage of their own
             pass
     return out

@@ -28,6 +28,7 @@ import bisect
 import itertools
 import weakref
 
+from ..engine.heap import storage_address
 from ..engine.slots import slot_of
 # The kinds' names and words, and their resolving on first use, are the
 # figures' (a leaf the verdicts and reports read them from); known here too.
@@ -137,7 +138,7 @@ class KindWalk:
         if slot < 0 or getattr(tensor, "is_meta", False):
             return
         try:
-            addr = tensor.untyped_storage().data_ptr()
+            addr = storage_address(tensor)
         except Exception:   # a tensor without storage (a subclass, a functional tensor)
             return
         if not addr:
