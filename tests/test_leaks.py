@@ -683,7 +683,7 @@ def test_the_end_finds_what_modules_hold_without_walking_the_heap(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tensors, named = leak_search._held_from_modules(torch, "cpu", starts, [s[0] for s in starts])
-    assert sorted(id(t) for _, _, t in tensors) == sorted([id(held), id(cached)])
+    assert sorted(id(t) for _, t in tensors) == sorted([id(held), id(cached)])
     assert named[id(held)] == ["module memlab_fake_holder, global HELD[0]"]
     assert named[id(cached)] == ["module memlab_fake_holder, global CACHE[<tuple>]"]
     # the heap's search names them alike
@@ -718,7 +718,7 @@ def test_the_end_searches_only_blocks_a_tensor_can_live_in(monkeypatch):
     module.HELD = [held]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     tensors, named = leak_search._held_from_modules(torch, "cpu", starts, addrs, frozenset([blocks[0][0]]))
-    assert [t for _, _, t in tensors] == [held]
+    assert [t for _, t in tensors] == [held]
     assert named[id(held)] == ["module memlab_alive_holder, global HELD[0]"]
     # every block alive: alone's has no module's path, and the heap is searched
     assert leak_search._held_from_modules(torch, "cpu", starts, addrs, frozenset(addrs)) is None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .. import _engine as engine
+from .heap import untrack
 from .tracing import tracing
 
 
@@ -71,7 +72,7 @@ def frame_of(code, lineno: int) -> Frame:
         # never untracks a named tuple itself (only an exact tuple), and
         # kornia's suite made 5,200 of them, each walked at every full
         # collection.
-        engine.untrack([frame])
+        untrack([frame])
         _FRAMES[(root, code, lineno)] = frame
     return frame
 

@@ -228,7 +228,7 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     if quick is not None:
         # every block is held by a tensor a module's globals reach: proven
         # held, each named by that path, without a walk of the heap
-        tensors, named = [(ptr, t) for ptr, _, t in quick[0]], quick[1]
+        tensors, named = quick
         proven = {id(t) for _, t in tensors}
         heap = None
     else:
@@ -322,7 +322,7 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
     containers (dict, list, tuple, deque, set, their exact types: no code
     of a subclass runs while they are read), breadth first, the smaller
     containers of a level first, MODULE_DEPTH deep and MODULE_VISITS
-    objects at most: ([(ptr, nbytes, tensor)], id(tensor) -> [its path]),
+    objects at most: ([(storage address, tensor)], id(tensor) -> [its path]),
     where every block has such a tensor; else None (the heap is searched).
     A module is held by sys.modules, so what its globals reach is no
     garbage: each such block is proven held, and the path names it as
@@ -339,7 +339,7 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
     left = {addr for addr, _, _, _ in starts if alive is None or addr in alive}
     if not left:
         return [], {}
-    found: dict[int, tuple] = {}   # id(tensor) -> (ptr, nbytes, tensor, link)
+    found: dict[int, tuple] = {}   # id(tensor) -> (ptr, tensor, link)
     tensor_type: dict[type, bool] = {}
     containers = (dict, list, tuple, deque, set, frozenset)
     seen: set[int] = set()
@@ -376,18 +376,16 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
                     if (dev.type == "cuda") != want_cuda or (want_cuda and dev.index != index):
                         continue
                     ptr = storage_address(obj)
-                    i = bisect.bisect_right(addrs, ptr) - 1
-                    if i < 0 or ptr >= starts[i][0] + starts[i][1]:
-                        continue
-                    # (the storage's Python object made only for a tensor in a block)
-                    nbytes = obj.untyped_storage().nbytes()
                 except Exception:   # no storage of its own
                     continue
-                found[id(obj)] = (ptr, nbytes, obj, link)
+                i = bisect.bisect_right(addrs, ptr) - 1
+                if i < 0 or ptr >= starts[i][0] + starts[i][1]:
+                    continue
+                found[id(obj)] = (ptr, obj, link)
                 left.discard(starts[i][0])
                 if not left:
-                    return ([(p, n, t) for p, n, t, _ in found.values()],
-                            {k: [path(v[3])] for k, v in found.items()})
+                    return ([(p, t) for p, t, _ in found.values()],
+                            {k: [path(v[2])] for k, v in found.items()})
                 continue
             if depth + 1 < MODULE_DEPTH and kind in containers and id(obj) not in seen:
                 seen.add(id(obj))
