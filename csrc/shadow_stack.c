@@ -63,7 +63,7 @@ frame_line(ShadowFrame *f, const LineClock *clock, int owner)
     if (owner && lasti == f->lasti)
         return atomic_load_explicit(&f->line, memory_order_relaxed);
     uint32_t line = LineTable_intern(clock->lines, f->code,
-                                     clock->line_of(f->code_obj, lasti));
+                                     clock->line_of(f->code_ref, lasti));
     if (owner) {
         f->lasti = lasti;
         atomic_store_explicit(&f->line, line, memory_order_relaxed);
@@ -137,7 +137,7 @@ ShadowStack_push(ShadowStack *self, const LineClock *clock, uint32_t code,
 
 void
 ShadowStack_push_located(ShadowStack *self, uint32_t code, const void *where,
-                         const void *code_obj)
+                         const void *code_ref)
 {
     int d = atomic_load_explicit(&self->depth, memory_order_relaxed);
     if (d >= SHADOW_STACK_DEPTH) {
@@ -148,7 +148,7 @@ ShadowStack_push_located(ShadowStack *self, uint32_t code, const void *where,
     f->code = code;
     f->lineno = 0;
     f->where = where;
-    f->code_obj = code_obj;
+    f->code_ref = code_ref;
     f->lasti = f->site_lasti = INT_MIN;     /* none yet */
     atomic_store_explicit(&f->line, 0, memory_order_relaxed);
     atomic_store_explicit(&f->site, 0, memory_order_relaxed);

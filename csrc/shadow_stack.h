@@ -40,7 +40,9 @@ typedef struct ShadowFrame {
     uint32_t code;              /* the owner's alone */
     int32_t lineno;             /* the owner's alone */
     const void *where;          /* a located frame's interpreter frame, else NULL */
-    const void *code_obj;       /* a located frame's code object (its frame holds it) */
+    /* A located frame's code, as line_of takes it (the tracer's: its
+     * CodeInfo, which lives as long as the code that the frame holds). */
+    const void *code_ref;
     int lasti;                  /* the owner's: the instruction of line */
     int site_lasti;             /* the owner's: the instruction of site */
     _Atomic uint32_t line;
@@ -68,7 +70,7 @@ typedef struct LineClock {
     LineTable *lines;
     SiteTable *sites;
     int (*lasti)(const void *where);
-    int (*line_of)(const void *code_obj, int lasti);
+    int (*line_of)(const void *code_ref, int lasti);
 } LineClock;
 
 /* NULL when out of memory. */
@@ -79,7 +81,7 @@ void ShadowStack_push(ShadowStack *self, const LineClock *clock, uint32_t code,
 /* A located frame starts (no line events: its line is found at
  * allocation). */
 void ShadowStack_push_located(ShadowStack *self, uint32_t code,
-                              const void *where, const void *code_obj);
+                              const void *where, const void *code_ref);
 /* Whether where is the innermost frame. */
 int ShadowStack_is_top(ShadowStack *self, const void *where);
 /* Ends the located frame where if it is the innermost (a frame that two

@@ -56,6 +56,17 @@ raise_stored_error(void)
 
 /* -- code objects ----------------------------------------------------- */
 
+int extras_mirrored = -1;   /* -1: not checked yet */
+
+/* Whether CodeExtras reads code's extras as the interpreter does (ci just
+ * set or read there). */
+static int
+extras_mirror_check(PyObject *code, const CodeInfo *ci)
+{
+    const CodeExtras *x = ((PyCodeObject *)code)->co_extra;
+    return x != NULL && T.extra_index < x->ce_size && x->ce_extras[T.extra_index] == ci;
+}
+
 CodeInfo *
 Tracer_code_info(PyObject *code)
 {
@@ -74,7 +85,12 @@ Tracer_code_info(PyObject *code)
             Tracer_store_error();
             return NULL;
         }
+        ci->code = (PyCodeObject *)code;
+        for (int i = 0; i < CODE_LINE_CACHE; i++)
+            atomic_init(&ci->lines[i], 0);
     }
+    if (extras_mirrored < 0)
+        extras_mirrored = extras_mirror_check(code, ci);
     if (ci->decided != T.epoch) {
         ci->decided = T.epoch;  /* first: a recursive event sees "out" */
         ci->in_scope = 0;
@@ -293,12 +309,23 @@ tracer_attribute(void *ctx, int slot, int64_t size, int64_t total,
                                  reserved);
 }
 
-/* A located frame's line from its instruction's offset: a pure read of
- * the code object's line table (the frame holds the code). */
+/* A located frame's line from its instruction's offset (info: its code's
+ * CodeInfo, which the code keeps while the frame holds the code): the
+ * code's cache, else a pure read of its line table. */
 static int
-code_line(const void *code_obj, int lasti)
+code_line(const void *info, int lasti)
 {
-    return PyCode_Addr2Line((PyCodeObject *)code_obj, lasti);
+    CodeInfo *ci = (CodeInfo *)info;
+    if (lasti < -1)
+        return PyCode_Addr2Line(ci->code, lasti);
+    uint64_t key = (uint64_t)(uint32_t)(lasti + 2) << 32;
+    _Atomic uint64_t *slot = &ci->lines[((unsigned)lasti >> 1) % CODE_LINE_CACHE];
+    uint64_t seen = atomic_load_explicit(slot, memory_order_relaxed);
+    if ((seen & 0xFFFFFFFF00000000u) == key)
+        return (int)(int32_t)(uint32_t)seen;
+    int line = PyCode_Addr2Line(ci->code, lasti);
+    atomic_store_explicit(slot, key | (uint32_t)line, memory_order_relaxed);
+    return line;
 }
 
 /* -- the API -------------------------------------------------------------- */

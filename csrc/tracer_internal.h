@@ -22,6 +22,15 @@
 #define RequestCodeExtraIndex _PyEval_RequestCodeExtraIndex
 #endif
 
+/* Lines found for a located frame's instructions, per code object: the
+ * line table is scanned from its start for each lookup (PyCode_Addr2Line),
+ * the largest part of the tracer's own C on a suite that allocates much
+ * under user code (kornia's).  Direct-mapped on the instruction; each
+ * entry one atomic word, (lasti + 2) << 32 | line, so that allocator
+ * threads that fill it at once never pair one's instruction with
+ * another's line. */
+#define CODE_LINE_CACHE 16
+
 /* Hung on each code object (co_extra): the scope decision, made once per
  * decision epoch. */
 typedef struct CodeInfo {
@@ -32,6 +41,8 @@ typedef struct CodeInfo {
     int located;                /* in scope, lines found at allocation (3.12+) */
     long local_events;          /* the local events set in local_run */
     int phase;                  /* a phase function (phases.h), else 0 */
+    PyCodeObject *code;         /* its code object (borrowed: the code owns this) */
+    _Atomic uint64_t lines[CODE_LINE_CACHE];   /* a located frame's instruction -> line */
 } CodeInfo;
 
 typedef struct TracerState {
@@ -74,6 +85,32 @@ extern _Thread_local int in_callback;
 void Tracer_store_error(void);
 /* The code object's scope decision; NULL on error (stored). */
 CodeInfo *Tracer_code_info(PyObject *code);
+
+/* The layout of a code object's extras (CPython's _PyCodeObjectExtra, in
+ * its internal headers, the same from 3.6 on), read in place on the hot
+ * paths: one call into the interpreter less for every frame that 3.11's
+ * hook starts and every event sys.monitoring reports.  Tracer_code_info
+ * checks the mirror against the interpreter's own reader the first time,
+ * and extras_mirrored stays 0 where they differ. */
+typedef struct {
+    Py_ssize_t ce_size;
+    void *ce_extras[1];
+} CodeExtras;
+extern int extras_mirrored;
+
+/* Tracer_code_info for a code object already decided in this epoch,
+ * without leaving the tracer; else the full decision. */
+static inline CodeInfo *
+Tracer_known_code(PyObject *code)
+{
+    const CodeExtras *x = ((PyCodeObject *)code)->co_extra;
+    if (extras_mirrored == 1 && x != NULL && T.extra_index < x->ce_size) {
+        CodeInfo *ci = x->ce_extras[T.extra_index];
+        if (ci != NULL && ci->decided == T.epoch)
+            return ci;
+    }
+    return Tracer_code_info(code);
+}
 /* A phase function starts or ends on thread t; frame is the starting
  * function's frame (its self names the module or optimizer), or NULL. */
 void Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame);

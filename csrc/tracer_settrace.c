@@ -128,7 +128,7 @@ trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
         return 0;
     in_callback = 1;
     PyCodeObject *code = PyFrame_GetCode(frame);
-    CodeInfo *ci = Tracer_code_info((PyObject *)code);
+    CodeInfo *ci = Tracer_known_code((PyObject *)code);
     int lines_off = ci != NULL && !ci->in_scope && what != PyTrace_RETURN;
     if (ci != NULL && ci->phase) {
         if (what == PyTrace_CALL)
@@ -146,7 +146,7 @@ trace_fn(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
                  * memlab's trace function). */
                 const void *where = frame_where(frame);
                 if (what == PyTrace_CALL && !ShadowStack_is_top(t, where))
-                    ShadowStack_push_located(t, ci->code_id, where, code);
+                    ShadowStack_push_located(t, ci->code_id, where, ci);
                 else if (what == PyTrace_RETURN)
                     ShadowStack_pop_located(t, &T.clock, where);
                 lines_off = 1;
@@ -234,7 +234,7 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
         PyErr_Restore(type, value, tb);
     }
     else {
-        ci = Tracer_code_info(code);
+        ci = Tracer_known_code(code);
     }
     in_callback = 0;
     /* A located frame is pushed and popped here, around its evaluation
@@ -242,7 +242,7 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
      * library code: its line is found at allocation. */
     ShadowStack *located = NULL;
     if (ci != NULL && ci->located && (located = Tracer_thread()) != NULL)
-        ShadowStack_push_located(located, ci->code_id, f, code);
+        ShadowStack_push_located(located, ci->code_id, f, ci);
     uint8_t want = ci != NULL && ((ci->in_scope && !ci->located) || ci->phase) ? 255 : 0;
     _PyCFrame *caller = ts->cframe;
     uint8_t was = caller->use_tracing;

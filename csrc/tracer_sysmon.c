@@ -150,13 +150,13 @@ current_frame(void)
 
 /* A frame in scope starts or comes back on this thread. */
 static void
-push(const CodeInfo *ci, PyObject *code, int lineno)
+push(const CodeInfo *ci, int lineno)
 {
     ShadowStack *t = Tracer_thread();
     if (t == NULL)
         return;
     if (ci->located)
-        ShadowStack_push_located(t, ci->code_id, current_frame(), code);
+        ShadowStack_push_located(t, ci->code_id, current_frame(), ci);
     else
         ShadowStack_push(t, &T.clock, ci->code_id, lineno);
 }
@@ -177,7 +177,7 @@ Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n)
         Py_RETURN_NONE;
     in_callback = 1;
     PyObject *code = args[0];
-    CodeInfo *ci = Tracer_code_info(code);
+    CodeInfo *ci = Tracer_known_code(code);
     if (ci == NULL)
         MON_LEAVE(Py_None);
     if (!ci->in_scope && !ci->phase)
@@ -201,7 +201,7 @@ Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n)
         Tracer_phase_enter(Tracer_thread(), ci, PyEval_GetFrame());
         MON_LEAVE(Py_None);
     }
-    push(ci, code, ((PyCodeObject *)code)->co_firstlineno);
+    push(ci, ((PyCodeObject *)code)->co_firstlineno);
     MON_LEAVE(Py_None);
 }
 
@@ -210,12 +210,12 @@ static PyObject *
 mon_reenter(PyObject *const *args)
 {
     PyObject *code = args[0];
-    CodeInfo *ci = Tracer_code_info(code);
+    CodeInfo *ci = Tracer_known_code(code);
     if (ci != NULL && ci->in_scope) {
         int offset = (int)PyLong_AsLong(args[1]);
         if (offset < 0 && PyErr_Occurred())
             Tracer_store_error();
-        push(ci, code, PyCode_Addr2Line((PyCodeObject *)code, offset));
+        push(ci, PyCode_Addr2Line((PyCodeObject *)code, offset));
     }
     MON_LEAVE(Py_None);
 }
@@ -242,7 +242,7 @@ Tracer_mon_leave(PyObject *m, PyObject *const *args, Py_ssize_t n)
 {
     (void)m;
     MON_ENTER(1);
-    CodeInfo *ci = Tracer_code_info(args[0]);
+    CodeInfo *ci = Tracer_known_code(args[0]);
     ShadowStack *t = Tracer_thread_if_any();
     /* code_id: a frame pushed in scope leaves even if the scope's rules
      * changed since (a located frame must never outlive its entry). */
@@ -264,7 +264,7 @@ Tracer_mon_line(PyObject *m, PyObject *const *args, Py_ssize_t n)
 {
     (void)m;
     MON_ENTER(2);
-    CodeInfo *ci = Tracer_code_info(args[0]);
+    CodeInfo *ci = Tracer_known_code(args[0]);
     int lineno = (int)PyLong_AsLong(args[1]);
     if (lineno < 0 && PyErr_Occurred())
         Tracer_store_error();

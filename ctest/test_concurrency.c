@@ -353,9 +353,9 @@ fake_lasti(const void *where)
 }
 
 static int
-fake_line_of(const void *code_obj, int lasti)
+fake_line_of(const void *code_ref, int lasti)
 {
-    return *(const int *)code_obj * 100 + lasti % 7;
+    return *(const int *)code_ref * 100 + lasti % 7;
 }
 
 typedef struct Reader {

@@ -31,10 +31,10 @@ fake_lasti(const void *where)
 }
 
 static int
-fake_line_of(const void *code_obj, int lasti)
+fake_line_of(const void *code_ref, int lasti)
 {
     line_lookups++;
-    return 100 * *(const int *)code_obj + lasti / 2;
+    return 100 * *(const int *)code_ref + lasti / 2;
 }
 
 typedef struct Fixture {

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import copy
 import gc
+import importlib.util
 import os
 import sys
 import threading
@@ -320,6 +321,58 @@ def test_the_top_lines_are_a_stable_sort_of_every_line_heaviest_first(traced, to
     assert ranked == [ln for ln in sorted(by_line, key=lambda ln: -by_line[ln]) if ln in ranked]
     with pytest.raises(ValueError, match="top must be 0"):
         E.tracer_line_stats(CPU, True, -1)
+
+
+def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_cache_entry(tmp_path):
+    """A located frame's line is cached per code object, one entry for
+    several instructions (csrc/tracer_internal.h, CODE_LINE_CACHE): a
+    function that allocates on 40 lines, in an order that makes them evict
+    one another again and again (from the measuring thread and, where
+    sys.monitoring follows every thread, from another one at once) has each
+    line charged its own bytes and no other's."""
+    if tracing.conflict():
+        pytest.skip(tracing.conflict())
+    lines = 40
+    body = "".join(f"    if {i} in which:\n        alloc({i + 1})  # line {i}\n" for i in range(lines))
+    path = tmp_path / "many_allocating_lines.py"
+    path.write_text("from injected_allocator import alloc\n\n\ndef allocate(which):\n" + body)
+    spec = importlib.util.spec_from_file_location("many_allocating_lines", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    first = module.allocate.__code__.co_firstlineno
+    line_number = {i: first + 2 + 2 * i for i in range(lines)}
+    orders = [list(range(lines)), list(range(lines - 1, -1, -1)),
+              [i for k in range(4) for i in range(k, lines, 4)]]
+    calls = [{i} for order in orders for i in order] + [set(range(0, lines, 3)), set(range(lines))]
+    expected = {}
+    for which in calls:
+        for i in which:
+            expected[i] = expected.get(i, 0) + i + 1
+
+    def run_calls():
+        for which in calls:
+            module.allocate(which)
+
+    tracing.scope.configure(str(tmp_path), (str(path),))
+    sid = E.begin(CPU)
+    assert tracing.acquire(paths=True)
+    E.tracer_reset_lines()
+    # Before 3.12 another thread's allocations go to the measuring thread's
+    # line of the moment (test_threads): one thread there.
+    threads = 2 if sys.version_info >= (3, 12) else 1
+    try:
+        others = [threading.Thread(target=run_calls) for _ in range(threads - 1)]
+        for t in others:
+            t.start()
+        run_calls()
+        for t in others:
+            t.join()
+    finally:
+        tracing.release(paths=True)
+        E.end(CPU, sid)
+    got = {s.frame.line: s.allocated for s in line_stats(CPU, allocated_only=True)
+           if s.code is module.allocate.__code__}
+    assert got == {line_number[i]: threads * b for i, b in expected.items()}
 
 
 def test_a_profiled_function_counts_every_lines_hits():
