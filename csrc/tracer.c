@@ -5,6 +5,8 @@
  */
 #include "tracer_internal.h"
 
+#include <sched.h>
+
 #include <stdlib.h>
 
 #include "phase_labels.h"
@@ -91,40 +93,66 @@ Tracer_code_info(PyObject *code)
     }
     if (extras_mirrored < 0)
         extras_mirrored = extras_mirror_check(code, ci);
-    if (ci->decided != T.epoch) {
-        ci->decided = T.epoch;  /* first: a recursive event sees "out" */
-        ci->in_scope = 0;
-        ci->located = 0;
-        ci->phase = PHASE_NONE;
-        if (T.decide != NULL) {
-            /* True: in scope; an int 1 + PHASE_*: a phase function. */
-            PyObject *r = PyObject_CallOneArg(T.decide, code);
-            long verdict = -1;
-            if (r != NULL && PyLong_CheckExact(r))
-                verdict = PyLong_AsLong(r);
-            else if (r != NULL)
-                verdict = PyObject_IsTrue(r);
-            Py_XDECREF(r);
-            if (verdict < 0 && PyErr_Occurred())
-                Tracer_store_error();
-            else if (verdict > 1 && verdict - 1 < PHASE_KINDS)
-                ci->phase = (int)(verdict - 1);
-            else if (verdict == SCOPE_LOCATED)
-                ci->in_scope = ci->located = 1;
-            else
-                ci->in_scope = verdict == 1;
-            ci->located &= Backend_can_locate();
+    if (ci->decided == T.epoch)
+        return ci;
+    unsigned long me = PyThread_get_thread_ident();
+    if (ci->deciding) {
+        /* The decision's own Python, on the deciding thread: undecided
+         * (nothing is disabled on an answer not yet made). */
+        if (ci->decider == me)
+            return NULL;
+        /* Another thread's decide() let the GIL go mid-decision (two
+         * threads starting the same function at once): deciding here too,
+         * or reading "out" from the half-made decision, would disable the
+         * code for good on sys.monitoring.  The decision is that thread's
+         * to finish. */
+        while (ci->deciding) {
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
         }
-        if (ci->in_scope && ci->code_id == 0) {
-            if (PyList_Append(T.codes, code) < 0) {
-                Tracer_store_error();
-                ci->in_scope = 0;
-            }
-            else {
-                ci->code_id = (uint32_t)PyList_GET_SIZE(T.codes);
-            }
+        if (ci->decided == T.epoch)
+            return ci;
+    }
+    uint32_t epoch = T.epoch;
+    int in_scope = 0, located = 0, phase = PHASE_NONE;
+    ci->deciding = 1;
+    ci->decider = me;
+    if (T.decide != NULL) {
+        /* True: in scope; an int 1 + PHASE_*: a phase function. */
+        PyObject *r = PyObject_CallOneArg(T.decide, code);
+        long verdict = -1;
+        if (r != NULL && PyLong_CheckExact(r))
+            verdict = PyLong_AsLong(r);
+        else if (r != NULL)
+            verdict = PyObject_IsTrue(r);
+        Py_XDECREF(r);
+        if (verdict < 0 && PyErr_Occurred())
+            Tracer_store_error();
+        else if (verdict > 1 && verdict - 1 < PHASE_KINDS)
+            phase = (int)(verdict - 1);
+        else if (verdict == SCOPE_LOCATED)
+            in_scope = located = 1;
+        else
+            in_scope = verdict == 1;
+        located &= Backend_can_locate();
+    }
+    if (in_scope && ci->code_id == 0) {
+        if (PyList_Append(T.codes, code) < 0) {
+            Tracer_store_error();
+            in_scope = 0;
+        }
+        else {
+            ci->code_id = (uint32_t)PyList_GET_SIZE(T.codes);
         }
     }
+    /* Made whole before it is seen as made (Tracer_known_code reads only
+     * a decision of this epoch). */
+    ci->in_scope = in_scope;
+    ci->located = located;
+    ci->phase = phase;
+    ci->decided = epoch;
+    ci->deciding = 0;
     return ci;
 }
 

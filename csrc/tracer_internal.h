@@ -32,7 +32,8 @@
 #define CODE_LINE_CACHE 16
 
 /* Hung on each code object (co_extra): the scope decision, made once per
- * decision epoch. */
+ * decision epoch (decided: the epoch of the last decision made whole; its
+ * fields are read only under the GIL, CODE_LINE_CACHE's aside). */
 typedef struct CodeInfo {
     uint32_t code_id;           /* 0 until first found in scope */
     uint32_t decided;           /* epoch of the decision */
@@ -41,6 +42,8 @@ typedef struct CodeInfo {
     int located;                /* in scope, lines found at allocation (3.12+) */
     long local_events;          /* the local events set in local_run */
     int phase;                  /* a phase function (phases.h), else 0 */
+    int deciding;               /* decide() runs now, on thread decider */
+    unsigned long decider;
     PyCodeObject *code;         /* its code object (borrowed: the code owns this) */
     _Atomic uint64_t lines[CODE_LINE_CACHE];   /* a located frame's instruction -> line */
 } CodeInfo;

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 
 import pytest
 
@@ -373,6 +374,55 @@ def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_c
     got = {s.frame.line: s.allocated for s in line_stats(CPU, allocated_only=True)
            if s.code is module.allocate.__code__}
     assert got == {line_number[i]: threads * b for i, b in expected.items()}
+
+
+def test_two_threads_that_start_one_function_at_once_both_keep_its_lines(tmp_path, monkeypatch):
+    """sys.monitoring: a function's scope is decided once, in Python, and
+    the deciding thread may let the GIL go in the middle (here: a slow
+    look at its file).  Another thread that starts the same function then
+    waits for that decision, instead of reading the half-made one as "out
+    of scope", which would turn the function's events off for good and
+    leave every later call of it, on every thread, without its lines."""
+    if sys.version_info < (3, 12):
+        pytest.skip("before 3.12 only the measuring thread is traced: one thread decides")
+    if tracing.conflict():
+        pytest.skip(tracing.conflict())
+    path = tmp_path / "started_at_once.py"
+    path.write_text("from injected_allocator import alloc\n\n\ndef allocate():\n    alloc(100)  # the line\n")
+    spec = importlib.util.spec_from_file_location("started_at_once", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    scope = tracing.scope
+    in_scope = scope.file_in_scope
+
+    def slowly(filename):
+        if os.path.basename(filename) == path.name:
+            time.sleep(0.2)   # the GIL goes to the other thread, which starts allocate too
+        return in_scope(filename)
+
+    monkeypatch.setattr(scope, "file_in_scope", slowly)
+    both = threading.Barrier(2)
+
+    def calls():
+        both.wait()
+        for _ in range(5):
+            module.allocate()
+
+    scope.configure(str(tmp_path), (str(path),))
+    sid = E.begin(CPU)
+    assert tracing.acquire(paths=True)
+    E.tracer_reset_lines()
+    try:
+        other = threading.Thread(target=calls)
+        other.start()
+        calls()
+        other.join()
+    finally:
+        tracing.release(paths=True)
+        E.end(CPU, sid)
+    got = {s.frame.line: s.allocated for s in line_stats(CPU, allocated_only=True)
+           if s.code is module.allocate.__code__}
+    assert got == {module.allocate.__code__.co_firstlineno + 1: 2 * 5 * 100}
 
 
 def test_a_profiled_function_counts_every_lines_hits():
