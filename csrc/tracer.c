@@ -6,6 +6,7 @@
 #include "tracer_internal.h"
 
 #include <sched.h>
+#include <time.h>
 
 #include <stdlib.h>
 
@@ -60,11 +61,31 @@ raise_stored_error(void)
 
 int extras_mirrored = -1;   /* -1: not checked yet */
 
+/* A thread that finds a code's scope being decided on another waits at
+ * most this long for it (Tracer_code_info). */
+#define DECISION_WAIT_YIELDS 64
+#define DECISION_WAIT_SLEEPS 2000      /* of 1 ms */
+
+/* A code's CodeInfo, and its line cache, go with the code. */
+static void
+CodeInfo_free(void *info)
+{
+    CodeInfo *ci = info;
+    if (ci != NULL)
+        free((void *)ci->lines);
+    free(ci);
+}
+
 /* Whether CodeExtras reads code's extras as the interpreter does (ci just
  * set or read there). */
 static int
 extras_mirror_check(PyObject *code, const CodeInfo *ci)
 {
+#if PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030F0000
+    (void)code;
+    (void)ci;
+    return 0;   /* a layout not checked here: the interpreter's reader only */
+#endif
     const CodeExtras *x = ((PyCodeObject *)code)->co_extra;
     return x != NULL && T.extra_index < x->ce_size && x->ce_extras[T.extra_index] == ci;
 }
@@ -83,16 +104,15 @@ Tracer_code_info(PyObject *code)
         if (ci == NULL)
             return NULL;
         if (Code_SetExtra(code, T.extra_index, ci) < 0) {
-            free(ci);
+            CodeInfo_free(ci);
             Tracer_store_error();
             return NULL;
         }
         ci->code = (PyCodeObject *)code;
-        for (int i = 0; i < CODE_LINE_CACHE; i++)
-            atomic_init(&ci->lines[i], 0);
     }
     if (extras_mirrored < 0)
         extras_mirrored = extras_mirror_check(code, ci);
+again:
     if (ci->decided == T.epoch)
         return ci;
     unsigned long me = PyThread_get_thread_ident();
@@ -105,22 +125,37 @@ Tracer_code_info(PyObject *code)
          * threads starting the same function at once): deciding here too,
          * or reading "out" from the half-made decision, would disable the
          * code for good on sys.monitoring.  The decision is that thread's
-         * to finish. */
-        while (ci->deciding) {
+         * to finish: waited for with the GIL let go, yielding, then
+         * sleeping a millisecond at a time, for at most about 2 s (then
+         * undecided here: this call goes unfollowed, nothing is disabled,
+         * and no wait can hang a test). */
+        for (int i = 0; ci->deciding; i++) {
+            if (i >= DECISION_WAIT_YIELDS + DECISION_WAIT_SLEEPS)
+                return NULL;
             Py_BEGIN_ALLOW_THREADS
-            sched_yield();
+            if (i < DECISION_WAIT_YIELDS)
+                sched_yield();
+            else
+                nanosleep(&(struct timespec){0, 1000000}, NULL);
             Py_END_ALLOW_THREADS
         }
-        if (ci->decided == T.epoch)
-            return ci;
+        goto again;
     }
     uint32_t epoch = T.epoch;
     int in_scope = 0, located = 0, phase = PHASE_NONE;
     ci->deciding = 1;
     ci->decider = me;
     if (T.decide != NULL) {
-        /* True: in scope; an int 1 + PHASE_*: a phase function. */
+        /* True: in scope; an int 1 + PHASE_*: a phase function.  The
+         * collector is held off meanwhile: a collection inside decide()
+         * would run the finalizers of whatever it frees on this thread,
+         * inside the test's call, while another thread may wait here for
+         * the decision (a finalizer that takes a lock that thread holds
+         * would never let it end). */
+        int collecting = PyGC_Disable();
         PyObject *r = PyObject_CallOneArg(T.decide, code);
+        if (collecting)
+            PyGC_Enable();
         long verdict = -1;
         if (r != NULL && PyLong_CheckExact(r))
             verdict = PyLong_AsLong(r);
@@ -140,10 +175,19 @@ Tracer_code_info(PyObject *code)
     if (in_scope && ci->code_id == 0) {
         if (PyList_Append(T.codes, code) < 0) {
             Tracer_store_error();
-            in_scope = 0;
+            in_scope = located = 0;
         }
         else {
             ci->code_id = (uint32_t)PyList_GET_SIZE(T.codes);
+        }
+    }
+    if (located && ci->lines == NULL) {
+        /* Kept to the code's end (a located frame reads it on any thread) */
+        _Atomic uint64_t *lines = calloc(CODE_LINE_CACHE, sizeof(*lines));
+        if (lines != NULL) {    /* (NULL: lines found without a cache) */
+            for (int i = 0; i < CODE_LINE_CACHE; i++)
+                atomic_init(&lines[i], 0);
+            ci->lines = lines;
         }
     }
     /* Made whole before it is seen as made (Tracer_known_code reads only
@@ -153,6 +197,8 @@ Tracer_code_info(PyObject *code)
     ci->phase = phase;
     ci->decided = epoch;
     ci->deciding = 0;
+    if (epoch != T.epoch)
+        goto again;     /* the rules changed while deciding: decided anew */
     return ci;
 }
 
@@ -344,9 +390,9 @@ static int
 code_line(const void *info, int lasti)
 {
     CodeInfo *ci = (CodeInfo *)info;
-    if (lasti < -1)
+    if (lasti < -1 || ci->lines == NULL)
         return PyCode_Addr2Line(ci->code, lasti);
-    uint64_t key = (uint64_t)(uint32_t)(lasti + 2) << 32;
+    uint64_t key = (uint64_t)((uint32_t)lasti + 2u) << 32;
     _Atomic uint64_t *slot = &ci->lines[((unsigned)lasti >> 1) % CODE_LINE_CACHE];
     uint64_t seen = atomic_load_explicit(slot, memory_order_relaxed);
     if ((seen & 0xFFFFFFFF00000000u) == key)
@@ -374,7 +420,7 @@ Tracer_init(PyObject *module, Engine *engine)
     T.epoch = 1;
     atomic_init(&T.tracing, 0);
     atomic_init(&T.anchor, NULL);
-    T.extra_index = RequestCodeExtraIndex(free);
+    T.extra_index = RequestCodeExtraIndex(CodeInfo_free);
     if (T.extra_index < 0) {
         PyErr_SetString(PyExc_RuntimeError, "no code-object extra slot left");
         return -1;

@@ -45,7 +45,9 @@ typedef struct CodeInfo {
     int deciding;               /* decide() runs now, on thread decider */
     unsigned long decider;
     PyCodeObject *code;         /* its code object (borrowed: the code owns this) */
-    _Atomic uint64_t lines[CODE_LINE_CACHE];   /* a located frame's instruction -> line */
+    /* A located code's instruction -> line (CODE_LINE_CACHE entries, made
+     * with its first decision as located; NULL: none) */
+    _Atomic uint64_t *lines;
 } CodeInfo;
 
 typedef struct TracerState {

@@ -182,6 +182,9 @@ Tracer_mon_start(PyObject *m, PyObject *const *args, Py_ssize_t n)
         MON_LEAVE(Py_None);
     if (!ci->in_scope && !ci->phase)
         MON_LEAVE(T.disable);   /* never again for this code */
+    /* Read again: a decision (or the wait for one) lets the GIL go, and
+     * the tracer may have stopped meanwhile. */
+    tracing = atomic_load_explicit(&T.tracing, memory_order_relaxed);
     if (!tracing)
         MON_LEAVE(Py_None);     /* in scope: its events wait for a test */
     /* A phase function only needs its returns (its depth), no lines; a

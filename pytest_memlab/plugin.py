@@ -21,7 +21,7 @@ import pytest
 from .engine.backend import core, restore, session_started, unpark
 from .engine.tracing import WINDOWED, tracing
 from .judging.verdicts import MemlabLeakWarning, Verdicts
-from .markers import BAD_MARKER, MARKERS, SPECS, bad_markers, stash_specs
+from .markers import BAD_MARKER, MARKERS, SKIPPED_BY_MARK, SPECS, bad_markers, stash_specs
 from .measuring.measurement import Measurement
 from .measuring.out_of_memory import Observer as OutOfMemory
 from .measuring.out_of_memory import out_of_memory_words
@@ -105,7 +105,7 @@ class MemlabPlugin:
         one is a usage error; on a pytest-xdist worker (whose usage error
         the controller cannot show) its test fails its setup with the same
         text."""
-        errors = stash_specs(items, self.options.measure_all)
+        errors = stash_specs(items, self.options.measure_all, config.pluginmanager.has_plugin("skipping"))
         if errors and not hasattr(config, "workerinput"):
             raise pytest.UsageError("pytest-memlab: bad memory marker\n  " + "\n  ".join(errors))
 
@@ -129,6 +129,12 @@ class MemlabPlugin:
             required = run.begin(core, self.options, self.session)
             self.current = run.measurement
             OutOfMemory.run = run
+        elif item.stash.get(SKIPPED_BY_MARK, False):
+            # pytest skips it before anything of it runs: memlab's tracer,
+            # parked since the last measured test, stays parked (unparked,
+            # the next measured test would pay the re-instrumentation of
+            # every code object it runs)
+            required = None
         else:  # a test memlab does not measure runs with nothing of memlab's on
             required = item.stash.get(BAD_MARKER, None)
             unpark()

@@ -3,6 +3,7 @@ codes, outcomes and what the user reads."""
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -673,3 +674,80 @@ def test_rewriting_still_explains():
     result = inner.runpytest_subprocess("--memlab", "-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
     assert "E       assert [1, 2] == [1, 3]" in result.stdout.str()
+
+
+SKIPPED_BODY = """
+import sys
+from pytest_memlab import _engine as E
+
+@pytest.mark.skipif(False, reason="a false condition")
+def test_skipif_false():
+    a = cpu_bytes(MiB)
+
+@pytest.mark.skip(reason="by a mark")
+def test_skip_mark():
+    cpu_bytes(MiB)
+
+@pytest.mark.skipif(True, reason="a true condition")
+def test_skipif_true():
+    cpu_bytes(MiB)
+
+@pytest.mark.skipif("sys.platform != 'nowhere'", reason="a string: pytest evaluates it")
+def test_skipif_string():
+    cpu_bytes(MiB)
+
+def test_skips_itself():
+    a = cpu_bytes(MiB)
+    pytest.skip("from its own code")
+
+@pytest.mark.skip(reason="the class's mark")
+class TestSkippedClass:
+    def test_in_it(self):
+        cpu_bytes(MiB)
+
+def test_after():
+    a = cpu_bytes(2 * MiB)
+"""
+
+
+def test_a_test_skipped_by_its_marks_is_not_measured_and_leaves_the_tracer_parked(inner):
+    """pytest's skipping plugin skips a test with a skip mark, or a skipif
+    whose condition is True, at the start of its setup, before any fixture:
+    nothing of it runs, so memlab builds nothing for it (a suite's skipped
+    tests are mostly these: kornia's 3,495 of 11,506), and the tracer that
+    the last measured test parked stays parked.  A string condition is
+    pytest's to evaluate, and a test that skips from its own code ran: both
+    are measured as before.  Without pytest's skipping plugin the marks
+    skip nothing, and the test is measured."""
+    inner.makeconftest("""
+import pytest
+from pytest_memlab import _engine as E
+
+PARKED = {}
+
+def pytest_runtest_logreport(report):
+    if report.when == "setup" and report.skipped:
+        PARKED[report.nodeid.rsplit("::", 1)[-1]] = E.tracer_status()["parked"]
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line("PARKED " + repr(sorted(PARKED.items())))
+""")
+    result = run(inner, SKIPPED_BODY, "--memlab", "-p", "no:randomly", "--memlab-json=report.json")
+    result.assert_outcomes(passed=2, skipped=5)
+    tests = {t["nodeid"].rsplit("::", 1)[-1]: t for t in json.loads((inner.path / "report.json").read_text())["tests"]}
+    assert set(tests) == {"test_skipif_false", "test_skipif_string", "test_skips_itself", "test_after"}
+    assert tests["test_skipif_false"]["devices"]["cpu"]["peak"] == MiB
+    assert tests["test_skips_itself"]["devices"]["cpu"]["peak"] == MiB
+    assert tests["test_skips_itself"]["outcome"] == tests["test_skipif_string"]["outcome"] == "skipped"
+    assert tests["test_after"]["devices"]["cpu"]["peak"] == 2 * MiB
+    parked = dict(eval(next(line for line in result.outlines if line.startswith("PARKED "))[len("PARKED "):]))
+    if sys.version_info >= (3, 12):   # (before 3.12 the tracer is never parked)
+        # parked by test_skipif_false, the measured test before them, and
+        # by test_skips_itself before the class's
+        assert parked["test_skip_mark"] is True and parked["test_skipif_true"] is True
+        assert parked["test_in_it"] is True
+    unskipped = run(inner, SKIPPED_BODY, "--memlab", "-p", "no:randomly", "-p", "no:skipping",
+                    "--memlab-json=unskipped.json")
+    unskipped.assert_outcomes(passed=6, skipped=1)
+    ran = {t["nodeid"].rsplit("::", 1)[-1] for t in json.loads((inner.path / "unskipped.json").read_text())["tests"]}
+    assert {"test_skip_mark", "test_skipif_true", "test_in_it"} <= ran
