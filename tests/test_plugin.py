@@ -678,7 +678,8 @@ def test_rewriting_still_explains():
 
 SKIPPED_BODY = """
 import sys
-from pytest_memlab import _engine as E
+
+pytestmark = pytest.mark.cpu_memory   # marked: judged on the CPU, wherever CUDA is
 
 @pytest.mark.skipif(False, reason="a false condition")
 def test_skipif_false():
@@ -713,9 +714,9 @@ def test_after():
 def test_a_test_skipped_by_its_marks_is_not_measured_and_leaves_the_tracer_parked(inner):
     """pytest's skipping plugin skips a test with a skip mark, or a skipif
     whose condition is True, at the start of its setup, before any fixture:
-    nothing of it runs, so memlab builds nothing for it (a suite's skipped
-    tests are mostly these: kornia's 3,495 of 11,506), and the tracer that
-    the last measured test parked stays parked.  A string condition is
+    nothing of it runs, so memlab builds nothing for it, marked or not (a
+    suite's skipped tests are mostly these: kornia's 3,495 of 11,506), and
+    the tracer that the last measured test parked stays parked.  A string condition is
     pytest's to evaluate, and a test that skips from its own code ran: both
     are measured as before.  Without pytest's skipping plugin the marks
     skip nothing, and the test is measured."""
