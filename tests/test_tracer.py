@@ -39,6 +39,39 @@ def line_of(fn, text):
     raise AssertionError(f"{text!r} not in {fn.__name__}")
 
 
+def user_module(folder, name, source):
+    """A module of source written as folder/name.py and imported (its
+    functions' code names that file: in scope where the tests say so)."""
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return path, module
+
+
+def lines_allocated(folder, include, code, *bodies, added=()):
+    """Runs bodies under the tracer, with folder the rootdir and include
+    in scope, the first on this thread and each other on a thread of its
+    own, all at once; returns line -> bytes allocated there for code.
+    added: code objects that a body adds to the scope (released after)."""
+    tracing.scope.configure(str(folder), include)
+    sid = E.begin(CPU)
+    assert tracing.acquire(paths=True)
+    E.tracer_reset_lines()
+    try:
+        others = [threading.Thread(target=body) for body in bodies[1:]]
+        for t in others:
+            t.start()
+        bodies[0]()
+        for t in others:
+            t.join()
+    finally:
+        tracing.release(paths=True, codes=list(added))
+        E.end(CPU, sid)
+    return {s.frame.line: s.allocated for s in line_stats(CPU, allocated_only=True) if s.code is code}
+
+
 @pytest.fixture
 def traced(monkeypatch):
     """Runs fn under the tracer with this file in scope, inside a CPU scope."""
@@ -335,11 +368,8 @@ def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_c
         pytest.skip(tracing.conflict())
     lines = 40
     body = "".join(f"    if {i} in which:\n        alloc({i + 1})  # line {i}\n" for i in range(lines))
-    path = tmp_path / "many_allocating_lines.py"
-    path.write_text("from injected_allocator import alloc\n\n\ndef allocate(which):\n" + body)
-    spec = importlib.util.spec_from_file_location("many_allocating_lines", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    path, module = user_module(tmp_path, "many_allocating_lines",
+                               "from injected_allocator import alloc\n\n\ndef allocate(which):\n" + body)
     first = module.allocate.__code__.co_firstlineno
     line_number = {i: first + 2 + 2 * i for i in range(lines)}
     orders = [list(range(lines)), list(range(lines - 1, -1, -1)),
@@ -354,26 +384,14 @@ def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_c
         for which in calls:
             module.allocate(which)
 
-    tracing.scope.configure(str(tmp_path), (str(path),))
-    sid = E.begin(CPU)
-    assert tracing.acquire(paths=True)
-    E.tracer_reset_lines()
     # Before 3.12 another thread's allocations go to the measuring thread's
     # line of the moment (test_threads): one thread there.
     threads = 2 if sys.version_info >= (3, 12) else 1
-    try:
-        others = [threading.Thread(target=run_calls) for _ in range(threads - 1)]
-        for t in others:
-            t.start()
-        run_calls()
-        for t in others:
-            t.join()
-    finally:
-        tracing.release(paths=True)
-        E.end(CPU, sid)
-    got = {s.frame.line: s.allocated for s in line_stats(CPU, allocated_only=True)
-           if s.code is module.allocate.__code__}
+    got = lines_allocated(tmp_path, (str(path),), module.allocate.__code__, *[run_calls] * threads)
     assert got == {line_number[i]: threads * b for i, b in expected.items()}
+
+
+ONE_ALLOCATION = "from injected_allocator import alloc\n\n\ndef allocate():\n    alloc(100)  # the line\n"
 
 
 def test_two_threads_that_start_one_function_at_once_both_keep_its_lines(tmp_path, monkeypatch):
@@ -387,11 +405,7 @@ def test_two_threads_that_start_one_function_at_once_both_keep_its_lines(tmp_pat
         pytest.skip("before 3.12 only the measuring thread is traced: one thread decides")
     if tracing.conflict():
         pytest.skip(tracing.conflict())
-    path = tmp_path / "started_at_once.py"
-    path.write_text("from injected_allocator import alloc\n\n\ndef allocate():\n    alloc(100)  # the line\n")
-    spec = importlib.util.spec_from_file_location("started_at_once", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    path, module = user_module(tmp_path, "started_at_once", ONE_ALLOCATION)
     scope = tracing.scope
     in_scope = scope.file_in_scope
 
@@ -408,20 +422,7 @@ def test_two_threads_that_start_one_function_at_once_both_keep_its_lines(tmp_pat
         for _ in range(5):
             module.allocate()
 
-    scope.configure(str(tmp_path), (str(path),))
-    sid = E.begin(CPU)
-    assert tracing.acquire(paths=True)
-    E.tracer_reset_lines()
-    try:
-        other = threading.Thread(target=calls)
-        other.start()
-        calls()
-        other.join()
-    finally:
-        tracing.release(paths=True)
-        E.end(CPU, sid)
-    got = {s.frame.line: s.allocated for s in line_stats(CPU, allocated_only=True)
-           if s.code is module.allocate.__code__}
+    got = lines_allocated(tmp_path, (str(path),), module.allocate.__code__, calls, calls)
     assert got == {module.allocate.__code__.co_firstlineno + 1: 2 * 5 * 100}
 
 
@@ -432,11 +433,7 @@ def test_rules_that_change_while_a_function_is_decided_decide_it_again(tmp_path,
     call of it is followed."""
     if tracing.conflict():
         pytest.skip(tracing.conflict())
-    path = tmp_path / "decided_twice.py"
-    path.write_text("from injected_allocator import alloc\n\n\ndef allocate():\n    alloc(100)  # the line\n")
-    spec = importlib.util.spec_from_file_location("decided_twice", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    path, module = user_module(tmp_path, "decided_twice", ONE_ALLOCATION)
     code = module.allocate.__code__
     scope = tracing.scope
     in_scope = scope.file_in_scope
@@ -448,20 +445,16 @@ def test_rules_that_change_while_a_function_is_decided_decide_it_again(tmp_path,
         return in_scope(filename)
 
     monkeypatch.setattr(scope, "file_in_scope", slowly)
-    scope.configure(str(tmp_path), ("nothing matches this",))
-    sid = E.begin(CPU)
-    assert tracing.acquire(paths=True)
-    E.tracer_reset_lines()
-    try:
-        adds = threading.Thread(target=lambda: (time.sleep(0.05), tracing.extend([code])))
-        adds.start()
+
+    def calls():
         for _ in range(5):
             module.allocate()
-        adds.join()
-    finally:
-        tracing.release(paths=True, codes=[code])
-        E.end(CPU, sid)
-    got = {s.frame.line: s.allocated for s in line_stats(CPU, allocated_only=True) if s.code is code}
+
+    def adds():
+        time.sleep(0.05)
+        tracing.extend([code])
+
+    got = lines_allocated(tmp_path, ("nothing matches this",), code, calls, adds, added=[code])
     assert got == {code.co_firstlineno + 1: 5 * 100}
 
 
