@@ -2,15 +2,19 @@
 engine through its test-only entry (inject).  Kept out of the tracer's scope
 by the tests, as torch's own code is."""
 
+import itertools
+
 from pytest_memlab import _engine as E
 
-_addr = [0x100000]
+# One address per block, from any thread: next() on a count is one step
+# under the GIL, where `addr += 0x1000` could hand two threads the same.
+_addresses = itertools.count(0x101000, 0x1000)
 
 
 def alloc(n, slot=E.SLOT_CPU):
-    _addr[0] += 0x1000
-    E.inject(slot, _addr[0], n)
-    return _addr[0]
+    addr = next(_addresses)
+    E.inject(slot, addr, n)
+    return addr
 
 
 def free(addr, n, slot=E.SLOT_CPU):
