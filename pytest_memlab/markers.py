@@ -192,7 +192,6 @@ def stash_specs(items, measure_all: bool, skipping: bool = True) -> list[str]:
     pytest's skipping plugin is in (a test it will skip by its marks gets no
     specs, and SKIPPED_BY_MARK)."""
     errors = []
-    parents: dict = {}
     for item in items:
         try:
             specs = specs_for(item)
@@ -202,41 +201,23 @@ def stash_specs(items, measure_all: bool, skipping: bool = True) -> list[str]:
             continue
         if not specs and (measure_all or "memlab" in getattr(item, "fixturenames", ())):
             specs = _UNMARKED_SPECS
-        if specs and skipping and skipped_by_mark(item, parents):
+        if specs and skipping and skipped_by_mark(item):
             specs = ()
             item.stash[SKIPPED_BY_MARK] = True
         item.stash[SPECS] = specs
     return errors
 
 
-_SKIP_MARKS = ("skip", "skipif")
-
-
-def _skip_marks(node, parents: dict) -> tuple:
-    """node's skip and skipif marks and its parents', nearest last (each
-    parent's read once for all its tests)."""
-    if node is None:
-        return ()
-    own = tuple(m for m in node.own_markers if m.name in _SKIP_MARKS)
-    if isinstance(node, pytest.Item):
-        return _skip_marks(node.parent, parents) + own
-    key = id(node)
-    marks = parents.get(key)
-    if marks is None:
-        marks = parents[key] = _skip_marks(node.parent, parents) + own
-    return marks
-
-
-def skipped_by_mark(item, parents: dict | None = None) -> bool:
+def skipped_by_mark(item) -> bool:
     """Whether pytest's skipping plugin skips item at the start of its
-    setup by its marks alone, nothing evaluated: a skip mark (or one it
-    rejects: an error at the same point), or a skipif without a condition or
-    with a condition that is True itself.  A string condition is pytest's
-    to evaluate (once): such a test is measured as any other, as is one
-    that skips from its own code or a fixture."""
-    for mark in _skip_marks(item, {} if parents is None else parents):
-        if mark.name == "skip":
-            return True
+    setup by its marks alone (read as it reads them), nothing evaluated: a
+    skip mark (or one it rejects: an error at the same point), or a skipif
+    without a condition or with a condition that is True itself.  A string
+    condition is pytest's to evaluate (once): such a test is measured as
+    any other, as is one that skips from its own code or a fixture."""
+    if item.get_closest_marker("skip") is not None:
+        return True
+    for mark in item.iter_markers(name="skipif"):
         conditions = mark.args if "condition" not in mark.kwargs else (mark.kwargs["condition"],)
         if not conditions or any(c is True for c in conditions):
             return True

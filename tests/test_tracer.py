@@ -50,25 +50,37 @@ def user_module(folder, name, source):
     return path, module
 
 
-def lines_allocated(folder, include, code, *bodies, added=()):
-    """Runs bodies under the tracer, with folder the rootdir and include
-    in scope, the first on this thread and each other on a thread of its
-    own, all at once; returns line -> bytes allocated there for code.
-    added: code objects that a body adds to the scope (released after)."""
+def run_traced(folder, include, fn, *args, added=()):
+    """fn(*args) under the tracer, with folder the rootdir and include in
+    scope, inside a CPU scope; returns the scope's figures.  added: code
+    objects that fn adds to the scope (released after).  fn is called from
+    here, a frame that began before tracing: no frame of the tests' own
+    joins the chains they read."""
     tracing.scope.configure(str(folder), include)
     sid = E.begin(CPU)
     assert tracing.acquire(paths=True)
     E.tracer_reset_lines()
     try:
+        fn(*args)
+    finally:
+        tracing.release(paths=True, codes=list(added))
+        result = E.end(CPU, sid)
+    return result
+
+
+def lines_allocated(folder, include, code, *bodies, added=()):
+    """Runs bodies under the tracer (run_traced), the first on this thread
+    and each other on a thread of its own, all at once; returns line ->
+    bytes allocated there for code."""
+    def all_at_once():
         others = [threading.Thread(target=body) for body in bodies[1:]]
         for t in others:
             t.start()
         bodies[0]()
         for t in others:
             t.join()
-    finally:
-        tracing.release(paths=True, codes=list(added))
-        E.end(CPU, sid)
+
+    run_traced(folder, include, all_at_once, added=added)
     return {s.frame.line: s.allocated for s in line_stats(CPU, allocated_only=True) if s.code is code}
 
 
@@ -79,15 +91,7 @@ def traced(monkeypatch):
         pytest.skip(tracing.conflict())
 
     def run(fn, *args):
-        tracing.scope.configure(os.path.dirname(HERE), (HERE,))
-        sid = E.begin(CPU)
-        assert tracing.acquire(paths=True)
-        E.tracer_reset_lines()
-        try:
-            fn(*args)
-        finally:
-            tracing.release(paths=True)
-            result = E.end(CPU, sid)
+        result = run_traced(os.path.dirname(HERE), (HERE,), fn, *args)
         return result, Attribution(result)
 
     return run
