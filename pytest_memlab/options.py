@@ -454,7 +454,6 @@ class Options:
     rank_dir: str | None = None
     rank_timeout: float = 60.0
     summary: str | None = None      # the Markdown summary's file (reports/pr_summary.py)
-    junitxml: bool = False          # --junitxml: the teardown reports' properties reach a file
 
     # Asked in every measured test: computed once (cached_property writes
     # the instance's __dict__, which a frozen dataclass allows).
@@ -480,8 +479,9 @@ class Options:
     @cached_property
     def top_lines(self) -> bool:
         """Whether anything shows a test's heaviest lines: the JSON and HTML
-        reports, the terminal table, the properties --junitxml writes."""
-        return self.detail or self.terminal_table or self.junitxml
+        reports, the terminal table (junit keeps a test's figures, not its
+        lines: reports/results.py)."""
+        return self.detail or self.terminal_table
 
     @classmethod
     def from_config(cls, config) -> "Options":
@@ -569,7 +569,6 @@ class Options:
                 raise pytest.UsageError(f"ini memlab_rank_timeout: {exc}") from None
         _refuse_one_file_twice(report, baseline)
         return cls(
-            junitxml=bool(getattr(config.option, "xmlpath", None)),
             summary=_summary_path(config),
             rank_dir=rank_dir,
             rank_timeout=rank_timeout,

@@ -27,7 +27,7 @@ from .measuring.out_of_memory import Observer as OutOfMemory
 from .measuring.out_of_memory import out_of_memory_words
 from .measuring.run import TestRun
 from .options import Options, add_options
-from .reports.results import encode
+from .reports.results import details, encode
 from .session.gpu_pinning import pin_this_worker
 from .session.packing import KEPT_CACHE_BYTES, PackScheduling, release_cached_gpu_memory, set_aside_for_rerun
 from .session.session import MemlabSession
@@ -273,6 +273,8 @@ class MemlabPlugin:
                     if d.measured:
                         d.fixtures = broad.of_test(item, device)
             report.user_properties.extend(encode(result))
+            if self.session.worker is not None:   # the controller's reports read the rest
+                report.memlab_details = details(result)
             self.session.made(result)
             # Keeping every test's measurement would grow what the garbage
             # collector walks.

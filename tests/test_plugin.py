@@ -370,26 +370,34 @@ def test_bad_report_option_is_a_usage_error(inner):
     result.stderr.fnmatch_lines(["*'xml' is not a report*"])
 
 
-def test_figures_reach_junitxml(inner):
-    result = run(inner, """
+def test_figures_reach_junitxml_and_the_lines_reach_the_reports(inner):
+    """junit keeps a test's figures (numbers and words); its heaviest lines
+    and phases are the JSON report's and the terminal table's, serial and
+    under pytest-xdist (each junit property is an element kept to the
+    session's end)."""
+    body = """
 @pytest.mark.cpu_memory(max="8MiB")
 def test_x():
     a = cpu_bytes(3 * MiB)
-""", "--junitxml=out.xml")
-    result.assert_outcomes(passed=1)
-    xml = (inner.path / "out.xml").read_text()
-    assert '<property name="memlab.cpu.peak" value="3145728"' in xml
-    assert '<property name="memlab.cpu.max" value="8388608"' in xml
-    import json
+"""
     import xml.etree.ElementTree as ET
 
-    props = {p.get("name"): p.get("value") for p in ET.fromstring(xml).iter("property")}
-    top = json.loads(props["memlab.cpu.top"])
     from conftest import line_no
 
-    # the line that allocated: the helper, which is user code too
-    assert top[0] == {"file": "test_inner.py", "function": "cpu_bytes", "bytes": 3 * 2**20, "peak_total": 3 * 2**20,
-                      "line": line_no(inner.path / "test_inner.py", "return torch.empty")}
+    for args in ([], ["-n", "2"]):
+        run(inner, body, "--junitxml=out.xml", "--memlab-json=out.json", *args).assert_outcomes(passed=1)
+        line = line_no(inner.path / "test_inner.py", "return torch.empty")
+        expected = {"file": "test_inner.py", "function": "cpu_bytes", "bytes": 3 * 2**20, "peak_total": 3 * 2**20,
+                    "line": line}   # the line that allocated: the helper, which is user code too
+        xml = (inner.path / "out.xml").read_text()
+        assert '<property name="memlab.cpu.peak" value="3145728"' in xml
+        assert '<property name="memlab.cpu.max" value="8388608"' in xml
+        props = {p.get("name") for p in ET.fromstring(xml).iter("property")}
+        assert props == {"memlab.cpu.peak", "memlab.cpu.peak_total", "memlab.cpu.max"}, args
+        test = json.loads((inner.path / "out.json").read_text())["tests"][0]
+        assert test["devices"]["cpu"]["top"][0] == expected, args
+    result = run(inner, body, "--junitxml=out.xml", "--memlab-report=term", "-n", "2")
+    result.stdout.fnmatch_lines([f"*3.0 MiB allocated by test_inner.py:{line} cpu_bytes: return torch.empty*"])
 
 
 def test_a_test_that_kept_nothing_leaves_its_zero_figures_out_of_junit_and_reads_the_same(inner):
@@ -417,7 +425,7 @@ def test_keeps():
                 for case in ET.parse(inner.path / path).getroot().iter("testcase")}
 
     serial = props("serial.xml")
-    assert set(serial["test_nothing_kept"]) >= {"memlab.cpu.peak", "memlab.cpu.peak_total", "memlab.cpu.top"}
+    assert set(serial["test_nothing_kept"]) == {"memlab.cpu.peak", "memlab.cpu.peak_total"}
     assert not {"memlab.cpu.leaked", "memlab.cpu.kept", "memlab.cpu.first_use", "memlab.cpu.peak_with_kept",
                 "memlab.cpu.name"} & set(serial["test_nothing_kept"])
     assert int(serial["test_keeps"]["memlab.cpu.leaked"]) == 2 * MiB
@@ -484,7 +492,7 @@ def test_the_property_codec_reads_back_what_it_wrote_for_every_shape_of_figures(
     engine did not follow (kept, first_use and peak_with_kept unknown: all
     written that are known), one not measured, a name that is not the
     device's own."""
-    from pytest_memlab.reports.results import DeviceResult, TestResult, decode, encode
+    from pytest_memlab.reports.results import DeviceResult, TestResult, decode, details, encode
 
     shapes = [
         DeviceResult("cpu", peak=5, peak_total=9, leaked=0, kept=0, first_use=0, peak_with_kept=5, name="cpu"),
@@ -494,10 +502,16 @@ def test_the_property_codec_reads_back_what_it_wrote_for_every_shape_of_figures(
         DeviceResult("cuda:0", peak=0, peak_total=0, reserved_peak=0, leaked=0, kept=0, first_use=0,
                      peak_with_kept=0, name="cuda:0", gpu="1"),
         DeviceResult("cuda:1", measured=False, reason="no bridge", name="cuda:1"),
+        DeviceResult("cpu", peak=5, peak_total=9, leaked=0, kept=0, first_use=0, peak_with_kept=5, name="cpu",
+                     top=[{"file": "t.py", "line": 3, "function": "f", "bytes": 5, "peak_total": 9}],
+                     phases={"forward": 5}, phase_max={"forward": 8}, kinds={"activations": 5}, max=8,
+                     detail={"events": 2, "timeline": [[0, 0, 5, 4, 9]]}),
     ]
     for shape in shapes:
         result = TestResult("t.py::t", devices={shape.device: shape})
-        back = decode("t.py::t", encode(result))
+        props = encode(result)
+        assert not any(isinstance(v, str) and v[:1] in "[{" for _, v in props), props   # junit: no lists or maps
+        back = decode("t.py::t", props, details(result))
         assert back.devices == result.devices, shape
 
 

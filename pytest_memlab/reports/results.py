@@ -1,46 +1,49 @@
 """The results model: what one test showed on each device, as the reports
-read it, and its one codec to and from a report's ``user_properties``.
+read it, and its codec to and from a teardown report.
 
-The properties are how figures travel: into ``--junitxml`` for CI
-dashboards, and from pytest-xdist workers to the controller, which sees only
-the reports.  Names: ``memlab.DEVICE.KEY`` (``memlab.cuda:0.peak``) for
-figures and budgets, ``memlab.DEVICE.top`` (JSON) for the heaviest lines,
-``memlab.failed_by_memlab`` (JSON list) for what memlab itself failed the
-test for, ``memlab.warned`` (JSON list) for what it warned of (leaks under
-``warn``), ``memlab.memlab_error`` for trouble in memlab's own machinery,
-``memlab.processes`` (JSON list) for the child processes the test started
-and their figures, ``memlab.said`` (JSON list) for findings whose warning the warnings filter
-made an error, ``memlab.user_failed`` when the test failed by its own doing (its figures
-then do not go into a baseline), ``memlab.DEVICE.name`` for the device as
-the test asked for it (the baseline's key: ``cuda`` for the current CUDA
-device), ``memlab.DEVICE.gpu`` for the machine's GPU behind a narrowed
-``CUDA_VISIBLE_DEVICES`` (a pinned worker's ``cuda:0``), ``memlab.DEVICE.baseline`` for the comparison's outcome
-(``regressed``, ``improved``, ``same``, ``new``, ``not compared``: written on
-another GPU kind), and, only when a JSON or
-HTML report is written, ``memlab.DEVICE.detail`` (JSON: the timeline, the
-marks and phases, where the peak fell, the leak report).  A device that kept
-nothing leaves out ``leaked``, ``kept``, ``first_use`` (0) and
-``peak_with_kept`` (its ``peak``), and ``name`` where it is the device
-itself; decode restores them.
+A report carries a test's figures in two parts.  Its ``user_properties``
+carry each device's numbers and words, which ``--junitxml`` writes for CI
+dashboards: ``memlab.DEVICE.KEY`` (``memlab.cuda:0.peak``) for figures and
+budgets, ``memlab.failed_by_memlab`` (JSON list) for what memlab itself
+failed the test for, ``memlab.warned`` (JSON list) for what it warned of
+(leaks under ``warn``), ``memlab.memlab_error`` for trouble in memlab's own
+machinery, ``memlab.processes`` (JSON list) for the child processes the test
+started and their figures, ``memlab.said`` (JSON list) for findings whose
+warning the warnings filter made an error, ``memlab.user_failed`` when the
+test failed by its own doing (its figures then do not go into a baseline),
+``memlab.DEVICE.name`` for the device as the test asked for it (the
+baseline's key: ``cuda`` for the current CUDA device), ``memlab.DEVICE.gpu``
+for the machine's GPU behind a narrowed ``CUDA_VISIBLE_DEVICES`` (a pinned
+worker's ``cuda:0``), ``memlab.DEVICE.baseline`` for the comparison's
+outcome (``regressed``, ``improved``, ``same``, ``new``, ``not compared``:
+written on another GPU kind).  A device that kept nothing leaves out
+``leaked``, ``kept``, ``first_use`` (0) and ``peak_with_kept`` (its
+``peak``), and ``name`` where it is the device itself; decode restores them.
+
+A device's lists and maps (its heaviest lines, phases, kinds and the note
+on them, sites, fixtures, budgets by phase and kind, and the timeline a JSON
+or HTML report shows) go where something reads them, and junit keeps none of them: each property is an element junit holds to the session's end, and on
+a large heap each brings the collector's next full collection nearer.  A
+pytest-xdist worker sends them to the controller as one JSON text,
+``report.memlab_details`` (``{device: {key: value}}``); a serial run's
+session holds the result itself.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring
 
 from ..figures import PHASE_NAMES, phase_bytes
 
-_TOP_HEAD = '{"file": %s, "line": %d, "function": %s, '
-_TOP_TAIL = '"bytes": %d, "peak_total": %d}'
 
 PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
              "peak_with_kept", "kept", "first_use")
-_JSON_KEYS = ("sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kind_max", "phase_kinds",
-              "fixtures")
-_STR_KEYS = ("reason", "name", "baseline", "gpu", "kinds_note")
+# a device's lists and maps: details(), never a property
+_DETAIL_KEYS = ("top", "sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kinds_note",
+                "kind_max", "phase_kinds", "fixtures")
+_STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
 @dataclass
@@ -216,9 +219,7 @@ def _keys(device: str) -> tuple:
     if keys is None:
         p = f"{PREFIX}{device}."
         ints = tuple((key, p + key) for key in _INT_KEYS)
-        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu", p + "kinds_note",
-                                ints, tuple((k, prop) for k, prop in ints if k not in _KEPT_KEYS),
-                                p + "top", p + "detail", tuple((key, p + key) for key in _JSON_KEYS))
+        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu", ints, tuple((k, prop) for k, prop in ints if k not in _KEPT_KEYS))
     return keys
 
 
@@ -232,10 +233,12 @@ def _kept_nothing(d: "DeviceResult") -> bool:
 
 
 def encode(result: TestResult) -> list[tuple[str, object]]:
+    """The test's properties: each device's numbers and words, and the
+    test's verdicts (details() has the rest)."""
     props: list[tuple[str, object]] = []
     add = props.append
     for device, d in result.devices.items():
-        measured, reason, name, baseline, gpu, kinds_note, ints, lean, top, detail, lists = _keys(device)
+        measured, reason, name, baseline, gpu, ints, lean = _keys(device)
         if not d.measured:
             add((measured, "false"))
             add((reason, d.reason))
@@ -245,20 +248,10 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
             add((baseline, d.baseline))
         if d.gpu:
             add((gpu, d.gpu))
-        if d.kinds_note:
-            add((kinds_note, d.kinds_note))
         for key, prop in (lean if _kept_nothing(d) else ints):
             value = getattr(d, key)
             if value is not None:
                 add((prop, value))
-        if d.top:
-            add((top, _top_json(d.top)))
-        for key, prop in lists:
-            value = getattr(d, key)
-            if value:
-                add((prop, _compact_json(value)))
-        if d.detail is not None:
-            add((detail, json.dumps(d.detail, separators=(",", ":"))))
     if result.failed_by_memlab:
         add((PREFIX + "failed_by_memlab", json.dumps(result.failed_by_memlab)))
     if result.warned:
@@ -278,54 +271,24 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
     return props
 
 
-_ROW_HEADS: dict = {}   # (file, line, function) -> a row's JSON up to its bytes
+def details(result: TestResult) -> str:
+    """A pytest-xdist worker's report's ``memlab_details``: each device's
+    lists and maps that are not empty, as one JSON text (what the
+    controller's reports read; one text, so that nothing in it can be a
+    type that execnet does not send)."""
+    out = {}
+    for device, d in result.devices.items():
+        entry = {key: value for key in _DETAIL_KEYS if (value := getattr(d, key))}
+        if d.detail is not None:
+            entry["detail"] = d.detail
+        if entry:
+            out[device] = entry
+    return json.dumps(out, separators=(",", ":")) if out else ""
 
 
-def _row_head(file, line, function) -> str:
-    key = (file, line, function)
-    head = _ROW_HEADS.get(key)
-    if head is None:
-        if len(_ROW_HEADS) >= 65536:   # a suite of generated code: kept bounded
-            _ROW_HEADS.clear()
-        head = _ROW_HEADS[key] = _TOP_HEAD % (encode_basestring(file), line, encode_basestring(function))
-    return head
-
-
-def _top_json(top: list) -> str:
-    """json.dumps of the heaviest lines, for rows of the one known shape
-    without the encoder's generality (this runs for every measured test;
-    a line's file, number and function are escaped once a process)."""
-    try:
-        return "[" + ", ".join(_row_head(r["file"], r["line"], r["function"]) + _TOP_TAIL % (r["bytes"], r["peak_total"])
-                               for r in top) + "]"
-    except (KeyError, TypeError):
-        return json.dumps(top)
-
-
-_compact_encode = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def _compact_json(value) -> str:
-    """json.dumps(value, separators=(",", ":")), the same text: a flat
-    {name: int} (a test's phases, its kinds) formatted directly, where every
-    name needs no escape; anything else through one encoder made once (the
-    function json.dumps makes an encoder at every call with separators)."""
-    if value.__class__ is dict:
-        try:
-            parts = []
-            for k, v in value.items():
-                if k.__class__ is not str or v.__class__ is not int or not k.isidentifier() or not k.isascii():
-                    break
-                parts.append('"%s":%d' % (k, v))
-            else:
-                return "{" + ",".join(parts) + "}"
-        except AttributeError:
-            pass
-    return _compact_encode(value)
-
-
-def decode(nodeid: str, props) -> TestResult | None:
-    """A test's result from its report's properties; None if memlab did not
+def decode(nodeid: str, props, details: str = "") -> TestResult | None:
+    """A test's result from its report's properties and, from a
+    pytest-xdist worker, its details (details()); None if memlab did not
     measure it."""
     result = None
     for name, value in props:
@@ -344,13 +307,7 @@ def decode(nodeid: str, props) -> TestResult | None:
             continue
         device, _, key = rest.rpartition(".")
         dev = result.devices.setdefault(device, DeviceResult(device))
-        if key == "top":
-            dev.top = json.loads(value)
-        elif key == "detail":
-            dev.detail = json.loads(value)
-        elif key in _JSON_KEYS:
-            setattr(dev, key, json.loads(value))
-        elif key == "measured":
+        if key == "measured":
             dev.measured = str(value) != "false"
         elif key in _STR_KEYS:
             setattr(dev, key, str(value))
@@ -362,4 +319,9 @@ def decode(nodeid: str, props) -> TestResult | None:
             if (dev.measured and dev.peak is not None and dev.leaked is None and dev.kept is None
                     and dev.first_use is None and dev.peak_with_kept is None):   # kept nothing (_kept_nothing)
                 dev.leaked, dev.kept, dev.first_use, dev.peak_with_kept = 0, 0, 0, dev.peak
+        if details:
+            for device, entry in json.loads(details).items():
+                dev = result.devices.setdefault(device, DeviceResult(device, name=device))
+                for key, value in entry.items():
+                    setattr(dev, key, value)
     return result

@@ -212,7 +212,7 @@ class MemlabSession:
         if result is None:
             if not report.user_properties:
                 return   # not measured
-            result = decode(nodeid, report.user_properties)
+            result = decode(nodeid, report.user_properties, getattr(report, "memlab_details", ""))
             if result is None:
                 return
         result.outcome = "error" if report.outcome == "failed" and outcome == "passed" else outcome
