@@ -724,7 +724,7 @@ def test_the_end_searches_only_blocks_a_tensor_can_live_in(monkeypatch):
     assert leak_search._held_from_modules(torch, "cpu", starts, addrs, frozenset(addrs)) is None
     # no block alive: nothing to look for
     visits = []
-    monkeypatch.setattr(leak_search, "_globals_of", lambda *a: visits.append(a) or ())
+    monkeypatch.setattr(leak_search, "_module_dict", lambda *a: visits.append(a))
     assert leak_search._held_from_modules(torch, "cpu", starts, addrs, frozenset()) == ([], {})
     assert visits == []
     monkeypatch.undo()

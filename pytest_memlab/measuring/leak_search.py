@@ -47,6 +47,7 @@ HOLDER_DEPTH = 12         # references between a tensor and its root
 # 0.35 s; a suite's caches and true leaks sit a step or two below a global).
 MODULE_DEPTH = 3
 MODULE_VISITS = 300_000
+_TENSOR, _CONTAINER = 1, 2   # what _held_from_modules does with an object of a type
 
 
 def settle(core, devices) -> None:
@@ -340,9 +341,16 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
     if not left:
         return [], {}
     found: dict[int, tuple] = {}   # id(tensor) -> (ptr, tensor, link)
-    tensor_type: dict[type, bool] = {}
     containers = (dict, list, tuple, deque, set, frozenset)
+    # type -> what the walk does with its objects: TENSOR, CONTAINER or
+    # nothing (most globals are functions, classes, modules and strings:
+    # one lookup each, and no link made for them)
+    kinds: dict[type, int] = {}
     seen: set[int] = set()
+
+    def kind_of(kind: type) -> int:
+        what = kinds[kind] = _TENSOR if Tensor in kind.__mro__ else _CONTAINER if kind in containers else 0
+        return what
 
     def path(link) -> str:
         steps = []
@@ -353,56 +361,81 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
         module, key = link[1]
         return f"module {module}, global {_named(f'[{_key_text(key)}]' + ''.join(reversed(steps)))}"
 
-    # (object, link): a link is (None, (module name, global's name)) or
-    # (parent link, step): an int index, (key,) of a dict, " (member)" of a set
-    level = (item for name, module in list(sys.modules.items())
-             for item in _globals_of(name, module, seen))
+    def take(obj, link) -> bool:
+        """A tensor met: kept where it is one of the blocks; whether none is left."""
+        if id(obj) in found:
+            return False
+        try:
+            dev = obj.device
+            if (dev.type == "cuda") != want_cuda or (want_cuda and dev.index != index):
+                return False
+            ptr = storage_address(obj)
+        except Exception:   # no storage of its own
+            return False
+        i = bisect.bisect_right(addrs, ptr) - 1
+        if i < 0 or ptr >= starts[i][0] + starts[i][1]:
+            return False
+        found[id(obj)] = (ptr, obj, link)
+        left.discard(starts[i][0])
+        return not left
+
+    def done() -> tuple:
+        return [(p, t) for p, t, _ in found.values()], {k: [path(v[2])] for k, v in found.items()}
+
+    # Level 0, modules' globals: a link, (None, (module name, global's
+    # name)), is made only for a tensor or a container
+    below: list = []
     visits = 0
-    for depth in range(MODULE_DEPTH):
-        below: list = []
+    for name, module in list(sys.modules.items()):
+        values = _module_dict(module)
+        if values is None or id(values) in seen:
+            continue
+        seen.add(id(values))
+        try:
+            items = list(values.items())
+        except Exception:   # changed while read
+            continue
+        visits += len(items)
+        if visits > MODULE_VISITS:
+            return None
+        for key, obj in items:
+            kind = type(obj)
+            what = kinds.get(kind)
+            if what is None:
+                what = kind_of(kind)
+            if not what:
+                continue
+            if what == _TENSOR:
+                if take(obj, (None, (name, key))):
+                    return done()
+            elif id(obj) not in seen:
+                seen.add(id(obj))
+                size = len(obj)
+                if size <= MODULE_VISITS:   # (a larger one would end the walk before its end)
+                    below.append((size, obj, (None, (name, key))))
+    # deeper levels: (object, link), a link (parent link, step): an int
+    # index, (key,) of a dict, " (member)" of a set
+    for depth in range(1, MODULE_DEPTH):
+        below.sort(key=lambda entry: entry[0])   # the small containers first: a cache, a list of leaks
+        level = (item for _, obj, link in below for item in _items_of(obj, link))
+        below = []
         for obj, link in level:
             visits += 1
             if visits > MODULE_VISITS:
                 return None
             kind = type(obj)
-            is_tensor = tensor_type.get(kind)
-            if is_tensor is None:
-                is_tensor = tensor_type[kind] = Tensor in kind.__mro__
-            if is_tensor:
-                if id(obj) in found:
-                    continue
-                try:
-                    dev = obj.device
-                    if (dev.type == "cuda") != want_cuda or (want_cuda and dev.index != index):
-                        continue
-                    ptr = storage_address(obj)
-                except Exception:   # no storage of its own
-                    continue
-                i = bisect.bisect_right(addrs, ptr) - 1
-                if i < 0 or ptr >= starts[i][0] + starts[i][1]:
-                    continue
-                found[id(obj)] = (ptr, obj, link)
-                left.discard(starts[i][0])
-                if not left:
-                    return ([(p, t) for p, t, _ in found.values()],
-                            {k: [path(v[2])] for k, v in found.items()})
-                continue
-            if depth + 1 < MODULE_DEPTH and kind in containers and id(obj) not in seen:
+            what = kinds.get(kind)
+            if what is None:
+                what = kind_of(kind)
+            if what == _TENSOR:
+                if take(obj, link):
+                    return done()
+            elif what and depth + 1 < MODULE_DEPTH and id(obj) not in seen:
                 seen.add(id(obj))
                 size = len(obj)
-                if size <= MODULE_VISITS:   # (a larger one would end the walk before its end)
+                if size <= MODULE_VISITS:
                     below.append((size, obj, link))
-        below.sort(key=lambda entry: entry[0])   # the small containers first: a cache, a list of leaks
-        level = (item for _, obj, link in below for item in _items_of(obj, link))
     return None
-
-
-def _globals_of(name: str, module, seen: set):
-    values = _module_dict(module)
-    if values is None or id(values) in seen:
-        return ()
-    seen.add(id(values))
-    return [(v, (None, (name, k))) for k, v in list(values.items())]
 
 
 def _items_of(obj, link):
