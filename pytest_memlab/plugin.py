@@ -80,6 +80,13 @@ class MemlabPlugin:
         self.verdicts = Verdicts(options, self.session)
         self._running: tuple | None = None    # (item, TestRun) of the test being measured
         self.current: Measurement | None = None   # its measurement until teardown ends
+        # Hooks that only some runs need are registered only there: each
+        # hook implementation costs every test pluggy's call, even one that
+        # returns at once.
+        if WINDOWED or options.leak_repeat:
+            config.pluginmanager.register(CallWindow(self), "memlab-call-window")
+        if options.pack:
+            config.pluginmanager.register(RerunStatus(), "memlab-rerun-status")
 
     # -- collection -----------------------------------------------------------
     @pytest.hookimpl(wrapper=True)
@@ -175,17 +182,6 @@ class MemlabPlugin:
         held = run.fixture_end(started)
         if fixturedef.scope != "function":
             self.session.broad_fixtures.set_up(fixturedef, request, held)
-        return result
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_pyfunc_call(self, pyfuncitem):
-        run = self.running(pyfuncitem)
-        if run is None or run.measurement is None or run.repeating:
-            return (yield)
-        with run.measurement.window():
-            result = yield
-        if self.options.leak_repeat:
-            run.repeat(pyfuncitem, self.verdicts.leak_allowances(run), self.options.leak_repeat)
         return result
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -288,12 +284,6 @@ class MemlabPlugin:
             set_aside_for_rerun(self.session.packing, report)
         self.session.record(report)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_report_teststatus(self, report, config):
-        if getattr(report, "memlab_rerun", None) and report.outcome == "rerun":
-            return "rerun", "R", ("RERUN", {"yellow": True})
-        return None
-
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config, log):
         """pytest-xdist, on the controller: --memlab-pack's scheduler."""
@@ -332,6 +322,36 @@ class MemlabPlugin:
 
     def pytest_terminal_summary(self, terminalreporter):
         self.session.terminal_summary(terminalreporter)
+
+
+class CallWindow:
+    """The test call's trace window (3.11, whose tracer follows frames only
+    inside windows) and --memlab-leak-repeat's repetitions of the call."""
+
+    def __init__(self, manager: MemlabPlugin):
+        self.manager = manager
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem):
+        manager = self.manager
+        run = manager.running(pyfuncitem)
+        if run is None or run.measurement is None or run.repeating:
+            return (yield)
+        with run.measurement.window():
+            result = yield
+        if manager.options.leak_repeat:
+            run.repeat(pyfuncitem, manager.verdicts.leak_allowances(run), manager.options.leak_repeat)
+        return result
+
+
+class RerunStatus:
+    """--memlab-pack: a test set aside to be re-run alone shows as a rerun."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report, config):
+        if getattr(report, "memlab_rerun", None) and report.outcome == "rerun":
+            return "rerun", "R", ("RERUN", {"yellow": True})
+        return None
 
 
 @pytest.fixture
