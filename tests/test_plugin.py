@@ -506,13 +506,27 @@ def test_the_property_codec_reads_back_what_it_wrote_for_every_shape_of_figures(
                      top=[{"file": "t.py", "line": 3, "function": "f", "bytes": 5, "peak_total": 9}],
                      phases={"forward": 5}, phase_max={"forward": 8}, kinds={"activations": 5}, max=8,
                      detail={"events": 2, "timeline": [[0, 0, 5, 4, 9]]}),
+        DeviceResult("cpu", peak=0, peak_total=9, leaked=0, kept=0, first_use=0, peak_with_kept=0, name="cpu",
+                     phases={"forward": 0}, kinds={}),   # phases ran, nothing of its own at its peak
     ]
     for shape in shapes:
         result = TestResult("t.py::t", devices={shape.device: shape})
         props = encode(result)
-        assert not any(isinstance(v, str) and v[:1] in "[{" for _, v in props), props   # junit: no lists or maps
+        assert not any(isinstance(v, str) and v.startswith(("[", "{")) for _, v in props), props   # junit: no lists or maps
         back = decode("t.py::t", props, details(result))
         assert back.devices == result.devices, shape
+    # the test's child processes and out-of-memory explanations travel beside the
+    # properties; another plugin's memlab.NAME property (--memlab-pack's) is no device
+    result = TestResult("t.py::t", devices={"cpu": shapes[0]}, failed_by_memlab=["cpu max"],
+                        processes=[{"pid": 7, "label": "process 0", "devices": {"cpu": {"peak": 5}}}],
+                        out_of_memory=[{"device": "cpu", "text": "out of memory"}])
+    props = encode(result) + [("memlab.rerun", "set aside, re-run alone at the end: OutOfMemoryError")]
+    assert {name for name, _ in props} == {"memlab.cpu.peak", "memlab.cpu.peak_total", "memlab.failed_by_memlab",
+                                          "memlab.rerun"}
+    back = decode("t.py::t", props, details(result))
+    assert back.devices == result.devices
+    assert (back.failed_by_memlab, back.processes, back.out_of_memory) == (
+        result.failed_by_memlab, result.processes, result.out_of_memory)
 
 
 def test_plugin_can_be_turned_off(inner):

@@ -395,10 +395,9 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
             items = list(values.items())
         except Exception:   # changed while read
             continue
+        room = MODULE_VISITS - visits   # the walk ends at its limit: these are read up to it
         visits += len(items)
-        if visits > MODULE_VISITS:
-            return None
-        for key, obj in items:
+        for key, obj in (items if len(items) <= room else items[:room]):
             kind = type(obj)
             what = kinds.get(kind)
             if what is None:
@@ -413,6 +412,8 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
                 size = len(obj)
                 if size <= MODULE_VISITS:   # (a larger one would end the walk before its end)
                     below.append((size, obj, (None, (name, key))))
+        if visits > MODULE_VISITS:
+            return None
     # deeper levels: (object, link), a link (parent link, step): an int
     # index, (key,) of a dict, " (member)" of a set
     for depth in range(1, MODULE_DEPTH):

@@ -7,8 +7,7 @@ dashboards: ``memlab.DEVICE.KEY`` (``memlab.cuda:0.peak``) for figures and
 budgets, ``memlab.failed_by_memlab`` (JSON list) for what memlab itself
 failed the test for, ``memlab.warned`` (JSON list) for what it warned of
 (leaks under ``warn``), ``memlab.memlab_error`` for trouble in memlab's own
-machinery, ``memlab.processes`` (JSON list) for the child processes the test
-started and their figures, ``memlab.said`` (JSON list) for findings whose
+machinery, ``memlab.said`` (JSON list) for findings whose
 warning the warnings filter made an error, ``memlab.user_failed`` when the
 test failed by its own doing (its figures then do not go into a baseline),
 ``memlab.DEVICE.name`` for the device as the test asked for it (the
@@ -22,11 +21,14 @@ written on another GPU kind).  A device that kept nothing leaves out
 
 A device's lists and maps (its heaviest lines, phases, kinds and the note
 on them, sites, fixtures, budgets by phase and kind, and the timeline a JSON
-or HTML report shows) go where something reads them, and junit keeps none of them: each property is an element junit holds to the session's end, and on
-a large heap each brings the collector's next full collection nearer.  A
+or HTML report shows) and the test's child processes and out-of-memory
+explanations go where something reads them, and junit keeps none of them:
+each property is an element junit holds to the session's end, and on a
+large heap each brings the collector's next full collection nearer.  A
 pytest-xdist worker sends them to the controller as one JSON text,
-``report.memlab_details`` (``{device: {key: value}}``); a serial run's
-session holds the result itself.
+``report.memlab_details`` (``{"devices": {device: {key: value}},
+"processes": [...], "out_of_memory": [...]}``, what is empty left out); a
+serial run's session holds the result itself.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ PREFIX = "memlab."
 _INT_KEYS = ("peak", "peak_total", "reserved_peak", "leaked", "max", "max_total", "max_reserved", "baseline_peak",
              "peak_with_kept", "kept", "first_use")
 # a device's lists and maps: details(), never a property
-_DETAIL_KEYS = ("top", "sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds", "kinds_note",
-                "kind_max", "phase_kinds", "fixtures")
+_DETAIL_KEYS = ("top", "sites", "site_changes", "first_use_held", "phases", "phase_max", "kinds_note", "kind_max",
+                "phase_kinds", "fixtures")
 _STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
@@ -262,10 +264,6 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
         add((PREFIX + "user_failed", "true"))
     if result.said:
         add((PREFIX + "said", json.dumps(result.said)))
-    if result.processes:
-        add((PREFIX + "processes", json.dumps(result.processes, separators=(",", ":"))))
-    if result.out_of_memory:
-        add((PREFIX + "out_of_memory", json.dumps(result.out_of_memory, separators=(",", ":"))))
     if result.unjudged:
         add((PREFIX + "unjudged", json.dumps(result.unjudged)))
     return props
@@ -273,16 +271,21 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
 
 def details(result: TestResult) -> str:
     """A pytest-xdist worker's report's ``memlab_details``: each device's
-    lists and maps that are not empty, as one JSON text (what the
-    controller's reports read; one text, so that nothing in it can be a
+    lists and maps that are not empty (kinds wherever they were made), the
+    test's processes and out-of-memory explanations, as one JSON text (what
+    the controller's reports read; one text, so that nothing in it can be a
     type that execnet does not send)."""
-    out = {}
+    devices = {}
     for device, d in result.devices.items():
         entry = {key: value for key in _DETAIL_KEYS if (value := getattr(d, key))}
+        if d.kinds is not None:
+            entry["kinds"] = d.kinds
         if d.detail is not None:
             entry["detail"] = d.detail
         if entry:
-            out[device] = entry
+            devices[device] = entry
+    out = {key: value for key, value in (("devices", devices), ("processes", result.processes),
+                                          ("out_of_memory", result.out_of_memory)) if value}
     return json.dumps(out, separators=(",", ":")) if out else ""
 
 
@@ -306,6 +309,8 @@ def decode(nodeid: str, props, details: str = "") -> TestResult | None:
             result.user_failed = str(value) == "true"
             continue
         device, _, key = rest.rpartition(".")
+        if not device:   # another plugin's memlab.NAME (--memlab-pack's memlab.rerun): no device's
+            continue
         dev = result.devices.setdefault(device, DeviceResult(device))
         if key == "measured":
             dev.measured = str(value) != "false"
@@ -320,8 +325,11 @@ def decode(nodeid: str, props, details: str = "") -> TestResult | None:
                     and dev.first_use is None and dev.peak_with_kept is None):   # kept nothing (_kept_nothing)
                 dev.leaked, dev.kept, dev.first_use, dev.peak_with_kept = 0, 0, 0, dev.peak
         if details:
-            for device, entry in json.loads(details).items():
+            sent = json.loads(details)
+            for device, entry in sent.get("devices", {}).items():
                 dev = result.devices.setdefault(device, DeviceResult(device, name=device))
                 for key, value in entry.items():
                     setattr(dev, key, value)
+            result.processes = sent.get("processes", ())
+            result.out_of_memory = sent.get("out_of_memory", ())
     return result

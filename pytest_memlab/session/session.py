@@ -212,7 +212,8 @@ class MemlabSession:
         if result is None:
             if not report.user_properties:
                 return   # not measured
-            result = decode(nodeid, report.user_properties, getattr(report, "memlab_details", ""))
+            # (the details' text, read: not kept with the report to the end)
+            result = decode(nodeid, report.user_properties, report.__dict__.pop("memlab_details", ""))
             if result is None:
                 return
         result.outcome = "error" if report.outcome == "failed" and outcome == "passed" else outcome
