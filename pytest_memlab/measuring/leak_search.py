@@ -382,6 +382,14 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
     def done() -> tuple:
         return [(p, t) for p, t, _ in found.values()], {k: [path(v[2])] for k, v in found.items()}
 
+    def descend(obj, link) -> None:
+        """A container met, not seen before: read at the next level."""
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            size = len(obj)
+            if size <= MODULE_VISITS:   # (a larger one would end the walk before its end)
+                below.append((size, obj, link))
+
     # Level 0, modules' globals: a link, (None, (module name, global's
     # name)), is made only for a tensor or a container
     below: list = []
@@ -407,11 +415,8 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
             if what == _TENSOR:
                 if take(obj, (None, (name, key))):
                     return done()
-            elif id(obj) not in seen:
-                seen.add(id(obj))
-                size = len(obj)
-                if size <= MODULE_VISITS:   # (a larger one would end the walk before its end)
-                    below.append((size, obj, (None, (name, key))))
+            else:
+                descend(obj, (None, (name, key)))
         if visits > MODULE_VISITS:
             return None
     # deeper levels: (object, link), a link (parent link, step): an int
@@ -431,11 +436,8 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
             if what == _TENSOR:
                 if take(obj, link):
                     return done()
-            elif what and depth + 1 < MODULE_DEPTH and id(obj) not in seen:
-                seen.add(id(obj))
-                size = len(obj)
-                if size <= MODULE_VISITS:
-                    below.append((size, obj, link))
+            elif what and depth + 1 < MODULE_DEPTH:
+                descend(obj, link)
     return None
 
 

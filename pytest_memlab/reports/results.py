@@ -221,7 +221,8 @@ def _keys(device: str) -> tuple:
     if keys is None:
         p = f"{PREFIX}{device}."
         ints = tuple((key, p + key) for key in _INT_KEYS)
-        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu", ints, tuple((k, prop) for k, prop in ints if k not in _KEPT_KEYS))
+        keys = _KEYS[device] = (p + "measured", p + "reason", p + "name", p + "baseline", p + "gpu", ints,
+                                tuple((k, prop) for k, prop in ints if k not in _KEPT_KEYS))
     return keys
 
 
