@@ -27,6 +27,74 @@ HeapWalk_of_types(PyObject *objects, PyObject *kinds)
     return result;
 }
 
+/* Appends (key, value, is_tensor) to picked where value is a tensor or a
+ * container (HeapWalk_items_of_kinds); 0, or -1 with an exception. */
+static int
+pick(PyObject *picked, PyObject *key, PyObject *value, PyTypeObject *tensor, PyObject *containers)
+{
+    PyTypeObject *kind = Py_TYPE(value);
+    int is_tensor = PyType_IsSubtype(kind, tensor);
+    int is_container = 0;
+    for (Py_ssize_t i = 0; !is_tensor && i < PyTuple_GET_SIZE(containers); i++)
+        is_container |= (PyObject *)kind == PyTuple_GET_ITEM(containers, i);
+    if (!is_tensor && !is_container)
+        return 0;
+    /* key and value are held (by the caller) before anything is allocated:
+     * a collection that an allocation starts (before 3.12) may run a
+     * finalizer that takes them out of the container. */
+    PyObject *entry = PyTuple_Pack(3, key, value, is_tensor ? Py_True : Py_False);
+    if (entry == NULL)
+        return -1;
+    int rc = PyList_Append(picked, entry);
+    Py_DECREF(entry);
+    return rc;
+}
+
+PyObject *
+HeapWalk_items_of_kinds(PyObject *container, PyTypeObject *tensor, PyObject *containers, Py_ssize_t limit)
+{
+    PyObject *picked = PyList_New(0);
+    PyObject *iter = NULL, *key = NULL, *value = NULL;
+    if (picked == NULL)
+        return NULL;
+    if (PyDict_Check(container)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        /* A dict changed while read (by a finalizer) is read on as it is:
+         * PyDict_Next stays within it. */
+        for (Py_ssize_t read = 0; read < limit && PyDict_Next(container, &pos, &k, &v); read++) {
+            key = Py_NewRef(k);
+            value = Py_NewRef(v);
+            if (pick(picked, key, value, tensor, containers) < 0)
+                goto error;
+            Py_CLEAR(key);
+            Py_CLEAR(value);
+        }
+        return picked;
+    }
+    int members = PyAnySet_Check(container);
+    iter = PyObject_GetIter(container);
+    if (iter == NULL)
+        goto error;
+    for (Py_ssize_t read = 0; read < limit && (value = PyIter_Next(iter)) != NULL; read++) {
+        key = members ? Py_NewRef(Py_None) : PyLong_FromSsize_t(read);
+        if (key == NULL || pick(picked, key, value, tensor, containers) < 0)
+            goto error;
+        Py_CLEAR(key);
+        Py_CLEAR(value);
+    }
+    if (PyErr_Occurred())   /* changed while read: a set or a deque raises */
+        goto error;
+    Py_DECREF(iter);
+    return picked;
+error:
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_XDECREF(iter);
+    Py_DECREF(picked);
+    return NULL;
+}
+
 /* The leak check's holder search asks, a level at a time, which objects
  * refer to hundreds of others at once.  gc.get_referrers compares each
  * reference on the heap with each object asked about, which cost about a

@@ -19,6 +19,17 @@ PyObject *HeapWalk_referrers(PyObject *objects, PyObject *targets);
  * tuple), nor through them. */
 PyObject *HeapWalk_reach(PyObject *roots, Py_ssize_t limit, PyObject *prefixes);
 
+/* The items of container, in its order, whose value is of a subtype of
+ * tensor or whose exact type is in the tuple containers, among its first
+ * limit items: a list of (key, value, is_tensor), key a dict's key, a
+ * set's None, else the item's index.  The leak check's walk from modules'
+ * globals: most of what it reads is functions, classes and strings, passed
+ * over here without an object made for them.  Types are read from the
+ * objects themselves (Py_TYPE, never __class__): no Python code runs but a
+ * finalizer. */
+PyObject *HeapWalk_items_of_kinds(PyObject *container, PyTypeObject *tensor, PyObject *containers,
+                                  Py_ssize_t limit);
+
 /* Stops the collector tracking each item of the list objects; returns how
  * many it was tracking.  For records kept to the session's end that can
  * never be part of a reference cycle (an untracked object in a cycle would

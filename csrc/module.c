@@ -120,6 +120,19 @@ engine_reach(PyObject *Py_UNUSED(module), PyObject *args)
     return HeapWalk_reach(roots, limit, prefixes);
 }
 
+/* items_of_kinds(container, tensor, containers, limit) -> [(key, value,
+ * is_tensor)] (heap_walk.h). */
+static PyObject *
+engine_items_of_kinds(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *container, *tensor, *containers;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "OO!O!n:items_of_kinds", &container, &PyType_Type, &tensor,
+                          &PyTuple_Type, &containers, &limit))
+        return NULL;
+    return HeapWalk_items_of_kinds(container, (PyTypeObject *)tensor, containers, limit);
+}
+
 /* untrack(objects) -> how many items of the list objects the collector
  * tracked and no longer does (heap_walk.h). */
 static PyObject *
@@ -328,6 +341,10 @@ static PyMethodDef engine_methods[] = {
     {"referrers", engine_referrers, METH_VARARGS,
      "referrers(objects, targets) -> the items of the list objects that refer to any item of the "
      "list targets (as gc.get_referrers, at one lookup a reference)"},
+    {"items_of_kinds", engine_items_of_kinds, METH_VARARGS,
+     "items_of_kinds(container, tensor, containers, limit) -> [(key, value, is_tensor)]: the items among "
+     "the first limit of container whose value is a tensor (of a subtype of tensor) or of a type in the "
+     "tuple containers, by the objects' own types; key: a dict's key, a set's None, else the index"},
     {"untrack", engine_untrack, METH_O,
      "untrack(objects) -> how many items of the list objects the collector tracked: it no longer "
      "does (records kept to the session's end that can never be in a reference cycle)."},

@@ -693,6 +693,50 @@ def test_the_end_finds_what_modules_hold_without_walking_the_heap(monkeypatch):
     assert leak_search._held_from_modules(torch, "cpu", starts, [s[0] for s in starts]) is None
 
 
+def test_the_walk_reads_items_by_their_own_types_in_order_up_to_the_limit():
+    """The walk's reading of a container (in C): an item that is a tensor
+    of any subclass, or exactly a built-in container, is picked, in the
+    container's order, with its dict key, its index, or None in a set; a
+    container's subclass (its code could run) and everything else are
+    passed over; no __class__ is read; only the first limit items are
+    read."""
+    import collections
+    import warnings
+
+    import torch
+
+    from pytest_memlab.engine.heap import items_of_kinds
+
+    class Warns:
+        @property
+        def __class__(self):
+            warnings.warn("deprecated", FutureWarning)
+            return torch.Tensor
+
+    param = torch.nn.Parameter(torch.ones(2))
+    plain = torch.ones(3)
+    values = {"f": len, "param": param, "n": 3, "cache": {}, "ordered": collections.OrderedDict(),
+              "old": Warns(), "rows": [plain], "pair": (1, 2), "q": collections.deque(), "plain": plain,
+              "members": frozenset()}
+    containers = (dict, list, tuple, collections.deque, set, frozenset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        picked = items_of_kinds(values, torch.Tensor, containers, len(values))
+        in_list = items_of_kinds(list(values.values()), torch.Tensor, containers, 100)
+        in_deque = items_of_kinds(collections.deque([1, plain, []]), torch.Tensor, containers, 100)
+        in_set = items_of_kinds({plain, "x"}, torch.Tensor, containers, 100)
+    assert [(k, v is values[k], t) for k, v, t in picked] == [
+        ("param", True, True), ("cache", True, False), ("rows", True, False), ("pair", True, False),
+        ("q", True, False), ("plain", True, True), ("members", True, False)]
+    assert [(k, t) for k, _, t in in_list] == [(1, True), (3, False), (6, False), (7, False), (8, False),
+                                               (9, True), (10, False)]
+    assert [(k, v is plain, t) for k, v, t in in_deque] == [(1, True, True), (2, False, False)]
+    assert [(k, v is plain, t) for k, v, t in in_set] == [(None, True, True)]
+    # the limit counts every item read, picked or not
+    assert [k for k, _, _ in items_of_kinds(values, torch.Tensor, containers, 4)] == ["param", "cache"]
+    assert items_of_kinds(values, torch.Tensor, containers, 0) == []
+
+
 def test_the_end_searches_only_blocks_a_tensor_can_live_in(monkeypatch):
     """A block the allocator no longer holds (alive, from its snapshot)
     has no tensor: the walk below the modules needs none for it, and with

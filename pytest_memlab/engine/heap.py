@@ -50,6 +50,17 @@ def reach(roots, limit: int, prefixes: tuple) -> list:
     return _engine.reach(list(roots), limit, prefixes)
 
 
+def items_of_kinds(container, tensor: type, containers: tuple, limit: int) -> list:
+    """[(key, value, is_tensor)] of container's items, among its first
+    limit, whose value is a tensor (of a subclass of tensor) or exactly of
+    a type in containers, told by the objects' own types (no __class__
+    read, no code run); key: a dict's key, a set's None, else the item's
+    index.  In C: a large heap's 2,300 modules hold about 200,000 globals,
+    30 ms in a Python loop.  A set or a deque changed while read raises
+    RuntimeError."""
+    return _engine.items_of_kinds(container, tensor, containers, limit)
+
+
 def untrack(objects: list) -> int:
     """The collector stops tracking each of objects (how many it did): for
     records kept to the session's end that can never be in a reference

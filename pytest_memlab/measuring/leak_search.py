@@ -31,7 +31,7 @@ from collections import deque
 
 from ..devices import CPU, cuda_index
 from ..engine.attribution import chain_of
-from ..engine.heap import ReferrerIndex, heap_objects, reach, storage_address, tensor_objects
+from ..engine.heap import ReferrerIndex, heap_objects, items_of_kinds, reach, storage_address, tensor_objects
 from ..judging.findings import Leak, LeakedTensor, LeakSite
 from ..sizes import format_size
 
@@ -47,7 +47,6 @@ HOLDER_DEPTH = 12         # references between a tensor and its root
 # 0.35 s; a suite's caches and true leaks sit a step or two below a global).
 MODULE_DEPTH = 3
 MODULE_VISITS = 300_000
-_TENSOR, _CONTAINER = 1, 2   # what _held_from_modules does with an object of a type
 
 
 def settle(core, devices) -> None:
@@ -342,15 +341,7 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
         return [], {}
     found: dict[int, tuple] = {}   # id(tensor) -> (ptr, tensor, link)
     containers = (dict, list, tuple, deque, set, frozenset)
-    # type -> what the walk does with its objects: TENSOR, CONTAINER or
-    # nothing (most globals are functions, classes, modules and strings:
-    # one lookup each, and no link made for them)
-    kinds: dict[type, int] = {}
     seen: set[int] = set()
-
-    def kind_of(kind: type) -> int:
-        what = kinds[kind] = _TENSOR if Tensor in kind.__mro__ else _CONTAINER if kind in containers else 0
-        return what
 
     def path(link) -> str:
         steps = []
@@ -390,8 +381,13 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
             if size <= MODULE_VISITS:   # (a larger one would end the walk before its end)
                 below.append((size, obj, link))
 
-    # Level 0, modules' globals: a link, (None, (module name, global's
-    # name)), is made only for a tensor or a container
+    # Level 0, modules' globals; then each level's containers, the smaller
+    # first (a cache, a list of leaks).  Read in C: most of what is read is
+    # functions, classes, modules and strings, passed over without an
+    # object made for them.  A link is made only for a tensor or a
+    # container: (None, (module name, global's name)) at level 0, below it
+    # (parent link, step), a step an int index, (key,) of a dict, or
+    # " (member)" of a set.
     below: list = []
     visits = 0
     for name, module in list(sys.modules.items()):
@@ -399,58 +395,36 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
         if values is None or id(values) in seen:
             continue
         seen.add(id(values))
-        try:
-            items = list(values.items())
-        except Exception:   # changed while read
-            continue
         room = MODULE_VISITS - visits   # the walk ends at its limit: these are read up to it
-        visits += len(items)
-        for key, obj in (items if len(items) <= room else items[:room]):
-            kind = type(obj)
-            what = kinds.get(kind)
-            if what is None:
-                what = kind_of(kind)
-            if not what:
-                continue
-            if what == _TENSOR:
+        visits += len(values)
+        for key, obj, is_tensor in items_of_kinds(values, Tensor, containers, room):
+            if is_tensor:
                 if take(obj, (None, (name, key))):
                     return done()
             else:
                 descend(obj, (None, (name, key)))
         if visits > MODULE_VISITS:
             return None
-    # deeper levels: (object, link), a link (parent link, step): an int
-    # index, (key,) of a dict, " (member)" of a set
     for depth in range(1, MODULE_DEPTH):
-        below.sort(key=lambda entry: entry[0])   # the small containers first: a cache, a list of leaks
-        level = (item for _, obj, link in below for item in _items_of(obj, link))
-        below = []
-        for obj, link in level:
-            visits += 1
+        level, below = sorted(below, key=lambda entry: entry[0]), []
+        for _, container, link in level:
+            room = MODULE_VISITS - visits
+            visits += len(container)
+            try:
+                picked = items_of_kinds(container, Tensor, containers, room)
+            except RuntimeError:   # a set or a deque changed while read
+                picked = ()
+            kind = type(container)
+            for key, obj, is_tensor in picked:
+                step = (key,) if kind is dict else " (member)" if kind is set or kind is frozenset else key
+                if is_tensor:
+                    if take(obj, (link, step)):
+                        return done()
+                elif depth + 1 < MODULE_DEPTH:
+                    descend(obj, (link, step))
             if visits > MODULE_VISITS:
                 return None
-            kind = type(obj)
-            what = kinds.get(kind)
-            if what is None:
-                what = kind_of(kind)
-            if what == _TENSOR:
-                if take(obj, link):
-                    return done()
-            elif what and depth + 1 < MODULE_DEPTH:
-                descend(obj, link)
     return None
-
-
-def _items_of(obj, link):
-    """A built-in container's items, each with its link (_held_from_modules)."""
-    try:
-        if isinstance(obj, dict):
-            return [(v, (link, (k,))) for k, v in list(obj.items())]
-        if isinstance(obj, (set, frozenset)):
-            return [(v, (link, " (member)")) for v in list(obj)]
-        return [(v, (link, i)) for i, v in enumerate(list(obj))]
-    except Exception:   # changed while read
-        return ()
 
 
 def allocated_blocks(torch, device: str) -> frozenset | None:
