@@ -34,6 +34,13 @@ first configuration in ms and per test.  ``--config`` replaces the defaults
 shell would, and a word ``@VAR=VALUE`` sets VAR in that configuration's
 environment instead (``@PYTHONPATH=/tmp/old-tree``: another checkout's
 pytest_memlab, its extensions built in place, side by side with this one).  Run it with ``OMP_NUM_THREADS=1`` and nothing else on the cores.
+
+Python writes bytecode in these runs (``PYTHONDONTWRITEBYTECODE`` is taken
+out of their environment), and each configuration runs once untimed before
+the rounds (``--warmup``): a package installed by pip has its bytecode
+written at install, and a checkout's (or a fresh worktree's) has none, so
+that without the warm-up every measured run would compile memlab's
+modules (about 25 ms) where the unmeasured one imports nothing of them.
 """
 
 from __future__ import annotations
@@ -132,6 +139,7 @@ def main() -> int:
                     "default: counted from the junit file)")
     ap.add_argument("--no-junit", action="store_true", help="no --junitxml (a configuration may name one itself)")
     ap.add_argument("--out", help="append the summary (markdown) to this file")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs of each configuration first (default 1)")
     args = ap.parse_args(argv)
     configs: dict[str, list[str]] = {}
     config_env: dict[str, dict[str, str]] = {}
@@ -144,12 +152,13 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="memlab-phases-")
     with open(os.path.join(work, "memlab_phase_marks.py"), "w") as f:
         f.write(PLUGIN)
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (work, env.get("PYTHONPATH")) if p)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     tests = args.tests
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    for r in range(-args.warmup * len(names), args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if r >= 0 else [names[r % len(names)]]
+        for name in order:
             marks_path = os.path.join(work, f"{name}.marks")
             junit = os.path.join(work, f"{name}.xml")
             cmd = [args.python, "-m", "pytest", "-q", "-p", "memlab_phase_marks", "-p", "no:cacheprovider",
@@ -177,13 +186,16 @@ def main() -> int:
                 import xml.etree.ElementTree as ET
                 tests = sum(1 for _ in ET.parse(junit).getroot().iter("testcase"))
             phases = phases_of(marks, spawned, ended)
+            if r < 0:   # the warm-up: not counted
+                print(f"warm-up {name:>12}: wall {phases['wall']:.3f}", flush=True)
+                continue
             runs[name].append(phases)
             print(f"round {r + 1} {name:>12}: " + " ".join(f"{p} {phases[p]:.3f}" for p in PHASES)
                   + f" full_gc {phases['full_gc']:.0f}", flush=True)
     medians = {n: {p: statistics.median(x[p] for x in runs[n]) for p in COLUMNS} for n in names}
     ref = names[0]
     lines = [f"`{args.suite}` {' '.join(pytest_args)}: {tests} tests, {args.rounds} rounds alternating, medians (s); "
-             f"{os.path.basename(args.python)} {subprocess.run([args.python, '-c', 'import sys; print(sys.version.split()[0])'], capture_output=True, text=True).stdout.strip()}",
+             f"after {args.warmup} warm-up run(s) each; {os.path.basename(args.python)} {subprocess.run([args.python, '-c', 'import sys; print(sys.version.split()[0])'], capture_output=True, text=True).stdout.strip()}",
              "", "| configuration | " + " | ".join(PHASES) + " | full collections in the tests |",
              "|---" * (len(PHASES) + 2) + "|"]
     for n in names:
