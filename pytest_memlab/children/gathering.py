@@ -112,7 +112,7 @@ class ChildWatch:
                 self._links_count_folders = os.stat(self.root).st_nlink >= 2
             except OSError:   # an earlier session's test removed it (a child makes it again): disarm looks
                 self._links_count_folders = False
-        startup.measure_forks()
+            startup.measure_forks()   # (once: the handler stays registered for the process)
         # RANK as the test's process has it now: an earlier test may have
         # set it and left it, and a child that inherits it is no rank
         parent_rank = os.environ.get("RANK")

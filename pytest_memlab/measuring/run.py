@@ -16,7 +16,7 @@ import gc
 from dataclasses import dataclass, field
 
 from ..children.gathering import ChildWatch, StartupHookMissing
-from ..devices import default_device, machine_gpu, other_gpus
+from ..devices import CPU, default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
 from ..engine.tracing import tracing
 from ..engine.meters import EngineMeter, leave_out_kept, make_meter
@@ -329,7 +329,7 @@ class TestRun:
         except Exception as exc:
             self.error = f"the leak check failed: {type(exc).__name__}: {exc}"
         try:   # the CPU requests that failed and that the test caught (memlab's allocator heard them)
-            explained = sum(1 for e in self.explained if e.moment.device == "cpu")
+            explained = sum(1 for e in self.explained if e.moment.device == "cpu") if self.explained else 0
             moment = cpu_moment(measurement, self.cpu_failed + explained)
             if moment is not None:
                 self.out_of_memory = [*self.out_of_memory, moment]
@@ -406,7 +406,7 @@ class TestRun:
                             warned=sorted(self.warned) if self.warned else (),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,
                             unjudged=self.unjudged,
-                            processes=self.processes(),
+                            processes=self.processes() if self.ranks or self.children else (),
                             out_of_memory=[e.as_dict() for e in self.explained] if self.explained else ())
         if self.measurement is None:
             return result
@@ -417,7 +417,8 @@ class TestRun:
             d = result.devices[device] = DeviceResult.from_figures(figures, spec, top,
                                                                    sites=want_sites)
             d.name = self.names.get(device, device)
-            d.gpu = machine_gpu(device)
+            if device != CPU:
+                d.gpu = machine_gpu(device)
             if device in self.leaked and figures.measured:
                 d.leaked = self.leaked[device]   # the figure agrees with the verdict
             if device in self.measurement.first_use:

@@ -48,7 +48,7 @@ _DETAIL_KEYS = ("top", "sites", "site_changes", "first_use_held", "phases", "pha
 _STR_KEYS = ("reason", "name", "baseline", "gpu")
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceResult:
     """One device's figures and budgets of one test."""
 
@@ -107,27 +107,26 @@ class DeviceResult:
         """sites: with the heaviest lines at the peak (a baseline or a
         report keeps them; reading them costs each test a few tens of
         microseconds, so only then)."""
-        result = cls(figures.device, figures.measured, figures.reason)
-        if figures.measured:
-            result.peak = figures.peak
-            result.peak_total = figures.peak_total
-            result.reserved_peak = figures.reserved_peak
-            result.leaked = figures.live
-            result.peak_with_kept = figures.peak_with_kept
-            result.kept = figures.kept
-            result.phases = phase_bytes(figures.phase_peaks)
+        if not figures.measured:
+            result = cls(figures.device, False, figures.reason)
+        else:
+            result = cls(figures.device, True, figures.reason, peak=figures.peak, peak_total=figures.peak_total,
+                         reserved_peak=figures.reserved_peak, leaked=figures.live,
+                         peak_with_kept=figures.peak_with_kept, kept=figures.kept,
+                         phases=phase_bytes(figures.phase_peaks) if figures.phase_peaks else {},
+                         kinds=figures.kinds,
+                         phase_kinds=dict(figures.phase_kinds) if figures.phase_kinds else {})
             if sites:   # a report or a baseline keeps them: made now (figures.resolve_kinds)
                 from ..figures import kinds_note, resolve_kinds as resolve
 
                 if resolve(figures) is None:
                     result.kinds_note = kinds_note(figures)
-            result.kinds = figures.kinds
-            result.phase_kinds = dict(figures.phase_kinds)
-            if sites and figures.attribution is not None and figures.peak:
-                from ..judging.site_changes import sites_at_peak
+                result.kinds, result.phase_kinds = figures.kinds, dict(figures.phase_kinds)
+                if figures.attribution is not None and figures.peak:
+                    from ..judging.site_changes import sites_at_peak
 
-                result.sites = sites_at_peak(figures.attribution)
-            lines = [ln for ln in figures.lines if ln.allocated > 0]
+                    result.sites = sites_at_peak(figures.attribution)
+            lines = [ln for ln in figures.lines if ln.allocated > 0] if figures.lines else None
             if lines:
                 lines.sort(key=_allocated, reverse=True)
                 rows = result.top = []
@@ -181,7 +180,7 @@ def containers(result: "TestResult") -> list:
     return out
 
 
-@dataclass
+@dataclass(slots=True)
 class TestResult:
     """One test: its outcome and what each measured device showed."""
 
