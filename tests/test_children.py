@@ -640,3 +640,20 @@ def test_spawn():
         "                         <- test_kids.py:* work: c = own(1 * MiB)",
     ])
     assert "import kid_helper" not in failure
+
+
+def test_the_parents_rank_is_read_as_os_environ_has_it(monkeypatch):
+    """Arming a test reads the parent's RANK (a child that inherits it is
+    no rank) from os.environ's own table: the same value os.environ.get
+    gives, set, unset or not a str's encoding, and from a mapping a test
+    put in os.environ's place."""
+    from pytest_memlab.children.gathering import _environ_get
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert _environ_get("RANK") is None
+    monkeypatch.setenv("RANK", "3")
+    assert _environ_get("RANK") == os.environ.get("RANK") == "3"
+    monkeypatch.setenv("RANK", "r\udcff")   # undecodable bytes, as os.environ holds them
+    assert _environ_get("RANK") == os.environ.get("RANK")
+    monkeypatch.setattr(os, "environ", {"RANK": "5"})
+    assert _environ_get("RANK") == "5"

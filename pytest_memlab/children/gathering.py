@@ -115,7 +115,7 @@ class ChildWatch:
             startup.measure_forks()   # (once: the handler stays registered for the process)
         # RANK as the test's process has it now: an earlier test may have
         # set it and left it, and a child that inherits it is no rank
-        parent_rank = os.environ.get("RANK")
+        parent_rank = _environ_get("RANK")
         key = (tuple(devices), parent_rank)
         prefix = self._prefix.get(key)
         if prefix is None:
@@ -264,6 +264,20 @@ def read_devices(child: ChildFigures, devices: dict) -> None:
             child.gpu_names[device] = d["gpu_name"]
         child.top[device] = list(d.get("top") or [])
         child.at_peak[device] = list(d.get("at_peak") or [])
+
+
+def _environ_get(name: str) -> str | None:
+    """os.environ.get(name), read from its own table of encoded names:
+    os.environ.get raises a KeyError for a missing name and catches it, an
+    exception (and sys.monitoring's unwind event for memlab's tracer) in
+    every measured test that runs without RANK."""
+    environ = os.environ
+    try:
+        table, encode, decode = environ._data, environ.encodekey, environ.decodevalue
+    except AttributeError:   # a test put another mapping in its place
+        return environ.get(name)
+    value = table.get(encode(name))
+    return None if value is None else decode(value)
 
 
 def _forkserver_lives() -> bool:
