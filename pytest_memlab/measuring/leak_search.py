@@ -396,8 +396,12 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
             continue
         seen.add(id(values))
         room = MODULE_VISITS - visits   # the walk ends at its limit: these are read up to it
+        try:
+            picked = items_of_kinds(values, Tensor, containers, room)
+        except Exception:   # (out of memory): passed over, its globals not counted
+            continue
         visits += len(values)
-        for key, obj, is_tensor in items_of_kinds(values, Tensor, containers, room):
+        for key, obj, is_tensor in picked:
             if is_tensor:
                 if take(obj, (None, (name, key))):
                     return done()
@@ -409,11 +413,11 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
         level, below = sorted(below, key=lambda entry: entry[0]), []
         for _, container, link in level:
             room = MODULE_VISITS - visits
-            visits += len(container)
             try:
                 picked = items_of_kinds(container, Tensor, containers, room)
-            except RuntimeError:   # a set or a deque changed while read
-                picked = ()
+            except Exception:   # a set or a deque changed while read: passed over, its items not counted
+                continue
+            visits += len(container)
             kind = type(container)
             for key, obj, is_tensor in picked:
                 step = (key,) if kind is dict else " (member)" if kind is set or kind is frozenset else key
