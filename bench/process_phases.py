@@ -40,7 +40,8 @@ out of their environment), and each configuration runs once untimed before
 the rounds (``--warmup``): a package installed by pip has its bytecode
 written at install, and a checkout's (or a fresh worktree's) has none, so
 that without the warm-up every measured run would compile memlab's
-modules (about 25 ms) where the unmeasured one imports nothing of them.
+modules (about 12 ms of its 38 ms import on 3.12) where the unmeasured
+one imports nothing of them.
 """
 
 from __future__ import annotations
