@@ -23,6 +23,14 @@ times every test protocol.  The added cost per test is the median of the
 measured tests minus the median of the unmeasured ones: both halves share
 the process, the machine's state and its disturbances, so what a shared or
 throttled host does to one process and not the next cancels out.
+
+    python bench/bench_pertest.py --suite DIR [--rounds R] [-- PYTEST_ARGS...]
+
+runs only the side-by-side rounds, in a suite of one's own (the large-heap
+suite, a real project's), with PYTEST_ARGS added to its ``--memlab`` run:
+what a measured test of that suite costs, and with an option off
+(``-- --memlab-children=off``) what that part of the per-test path costs
+there (issue 51's ablations, bench/RESULTS.md's twenty-fourth session).
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_suite import split_pytest_args  # noqa: E402
 
 TARGET_US = 100.0
 TARGET_RATIO = 1.10
@@ -161,16 +172,19 @@ def run_once(folder: str, args: list[str]) -> tuple[float, float]:
         return elapsed, float(f.read())
 
 
-def side_by_side(folder: str, cuda_init: bool = False) -> tuple[float, float, float]:
+def side_by_side(folder: str, cuda_init: bool = False, suite: str | None = None,
+                 extra: tuple = ()) -> tuple[float, float, float]:
     """(median us per measured test, per unmeasured test, median of the
-    differences between neighbouring blocks) in one process."""
+    differences between neighbouring blocks) in one process: the trivial
+    suite in folder, or suite (the timing plugin read from folder) with
+    extra pytest options."""
     cpu_out = os.path.join(folder, "cpu.txt")
     env = {**os.environ, "MEMLAB_CORE": os.environ.get("MEMLAB_CORE", "bridge"), "PERTEST_CPU_OUT": cpu_out,
            "PYTHONPATH": folder + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "PERTEST_CUDA_INIT": "1" if cuda_init else "0"}
     env.pop("PYTEST_ADDOPTS", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "interleave_timer", "--memlab"],
-                          cwd=folder, env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "interleave_timer", "--memlab", *extra],
+                          cwd=suite or folder, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"the side-by-side run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     with open(cpu_out) as f:
@@ -193,18 +207,41 @@ def profile(folder: str) -> str:
     return buf.getvalue()
 
 
-def side_table(rounds: list[tuple[float, float, float]]) -> list[str]:
+def side_table(rounds: list[tuple[float, float, float]], target: bool = True) -> list[str]:
     rows = ["| round | measured (us) | unmeasured (us) | added: medians (us) | added: block pairs (us) |",
             "| --- | --- | --- | --- | --- |"]
     for r, (m, u, p) in enumerate(rounds, 1):
         rows.append(f"| {r} | {m:.1f} | {u:.1f} | {m - u:.1f} | {p:.1f} |")
     medians = statistics.median(m - u for m, u, _ in rounds)
     paired = statistics.median(p for _, _, p in rounds)
-    rows.append(f"| median | | | {medians:.1f} | **{paired:.1f}** (target <= {TARGET_US:.0f} us) |")
+    aim = f" (target <= {TARGET_US:.0f} us)" if target else ""   # (the trivial test's)
+    rows.append(f"| median | | | {medians:.1f} | **{paired:.1f}**{aim} |")
     return rows
 
 
+def suite_side_by_side(suite: str, rounds: int, extra: list[str], out: str | None) -> None:
+    """--suite: the side-by-side rounds in a suite of one's own."""
+    side = []
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "interleave_timer.py"), "w") as f:
+            f.write(INTERLEAVE)
+        for r in range(rounds):
+            side.append(side_by_side(folder, suite=suite, extra=tuple(extra)))
+            print(f"round {r + 1}: measured {side[-1][0]:.1f} us, unmeasured {side[-1][1]:.1f} us per test, "
+                  f"block pairs {side[-1][2]:.1f} us", flush=True)
+    import platform
+
+    rows = [f"`{suite}` `--memlab {' '.join(extra)}`, side by side in one process (blocks of 25 tests measured "
+            f"and not), {rounds} rounds; Python {platform.python_version()}", ""] + side_table(side, target=False)
+    table = "\n".join(rows)
+    print(table)
+    if out:
+        with open(out, "a") as f:
+            f.write(table + "\n\n")
+
+
 def main() -> None:
+    argv, extra = split_pytest_args(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tests", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=5)
@@ -213,11 +250,15 @@ def main() -> None:
     ap.add_argument("--no-memray", action="store_true", help="leave pytest-memray out (it takes minutes)")
     ap.add_argument("--side-only", action="store_true",
                     help="only the side-by-side rounds (no whole-process configurations)")
-    args = ap.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--suite", help="only the side-by-side rounds, in this suite (a folder), with the pytest "
+                    "options after --")
+    args = ap.parse_args(argv)
     from bench_suite import installed_bytecode
 
     installed_bytecode()   # as an installed wheel has it (this VM sets PYTHONDONTWRITEBYTECODE)
+    if args.suite:
+        suite_side_by_side(os.path.abspath(args.suite), args.rounds, extra, args.out)
+        return
     import torch
 
     cuda = torch.cuda.is_available()
