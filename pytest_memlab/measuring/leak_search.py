@@ -381,53 +381,48 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
             if size <= MODULE_VISITS:   # (a larger one would end the walk before its end)
                 below.append((size, obj, link))
 
+    def module_globals():
+        """Level 0: each module's globals once, in sys.modules's order (a
+        module's dict that a global below reached first is read there)."""
+        for name, module in list(sys.modules.items()):
+            values = _module_dict(module)
+            if values is not None and id(values) not in seen:
+                seen.add(id(values))
+                yield values, name
+
     # Level 0, modules' globals; then each level's containers, the smaller
     # first (a cache, a list of leaks).  Read in C: most of what is read is
     # functions, classes, modules and strings, passed over without an
     # object made for them.  A link is made only for a tensor or a
-    # container: (None, (module name, global's name)) at level 0, below it
+    # container: (None, (module name, global's name)) at level 0 (where a
+    # module's globals come with its name in place of a link), below it
     # (parent link, step), a step an int index, (key,) of a dict, or
     # " (member)" of a set.
     below: list = []
     visits = 0
-    for name, module in list(sys.modules.items()):
-        values = _module_dict(module)
-        if values is None or id(values) in seen:
-            continue
-        seen.add(id(values))
-        room = MODULE_VISITS - visits   # the walk ends at its limit: these are read up to it
-        try:
-            picked = items_of_kinds(values, Tensor, containers, room)
-        except Exception:   # (out of memory): passed over, its globals not counted
-            continue
-        visits += len(values)
-        for key, obj, is_tensor in picked:
-            if is_tensor:
-                if take(obj, (None, (name, key))):
-                    return done()
-            else:
-                descend(obj, (None, (name, key)))
-        if visits > MODULE_VISITS:
-            return None
-    for depth in range(1, MODULE_DEPTH):
-        level, below = sorted(below, key=lambda entry: entry[0]), []
-        for _, container, link in level:
-            room = MODULE_VISITS - visits
+    level = module_globals()
+    for depth in range(MODULE_DEPTH):
+        for container, link in level:
+            room = MODULE_VISITS - visits   # the walk ends at its limit: these are read up to it
             try:
                 picked = items_of_kinds(container, Tensor, containers, room)
-            except Exception:   # a set or a deque changed while read: passed over, its items not counted
+            except Exception:   # a set or a deque changed while read (or no memory): passed over, not counted
                 continue
             visits += len(container)
             kind = type(container)
             for key, obj, is_tensor in picked:
-                step = (key,) if kind is dict else " (member)" if kind is set or kind is frozenset else key
+                if depth == 0:
+                    at = (None, (link, key))
+                else:
+                    at = (link, (key,) if kind is dict else " (member)" if kind is set or kind is frozenset else key)
                 if is_tensor:
-                    if take(obj, (link, step)):
+                    if take(obj, at):
                         return done()
                 elif depth + 1 < MODULE_DEPTH:
-                    descend(obj, (link, step))
+                    descend(obj, at)
             if visits > MODULE_VISITS:
                 return None
+        level, below = [(obj, link) for _, obj, link in sorted(below, key=lambda entry: entry[0])], []
     return None
 
 

@@ -16,7 +16,7 @@ import gc
 from dataclasses import dataclass, field
 
 from ..children.gathering import ChildWatch, StartupHookMissing
-from ..devices import CPU, default_device, machine_gpu, other_gpus
+from ..devices import default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
 from ..engine.tracing import tracing
 from ..engine.meters import EngineMeter, leave_out_kept, make_meter
@@ -406,7 +406,7 @@ class TestRun:
                             warned=sorted(self.warned) if self.warned else (),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,
                             unjudged=self.unjudged,
-                            processes=self.processes() if self.ranks or self.children else (),
+                            processes=self.processes(),
                             out_of_memory=[e.as_dict() for e in self.explained] if self.explained else ())
         if self.measurement is None:
             return result
@@ -417,8 +417,7 @@ class TestRun:
             d = result.devices[device] = DeviceResult.from_figures(figures, spec, top,
                                                                    sites=want_sites)
             d.name = self.names.get(device, device)
-            if device != CPU:
-                d.gpu = machine_gpu(device)
+            d.gpu = machine_gpu(device)
             if device in self.leaked and figures.measured:
                 d.leaked = self.leaked[device]   # the figure agrees with the verdict
             if device in self.measurement.first_use:
