@@ -71,8 +71,10 @@ static void
 CodeInfo_free(void *info)
 {
     CodeInfo *ci = info;
-    if (ci != NULL)
-        free((void *)ci->lines);
+    if (ci != NULL) {
+        Backend_code_freed(ci);
+        free(atomic_load_explicit(&ci->lines, memory_order_relaxed));
+    }
     free(ci);
 }
 
@@ -179,15 +181,6 @@ again:
         }
         else {
             ci->code_id = (uint32_t)PyList_GET_SIZE(T.codes);
-        }
-    }
-    if (located && ci->lines == NULL) {
-        /* Kept to the code's end (a located frame reads it on any thread) */
-        _Atomic uint64_t *lines = calloc(CODE_LINE_CACHE, sizeof(*lines));
-        if (lines != NULL) {    /* (NULL: lines found without a cache) */
-            for (int i = 0; i < CODE_LINE_CACHE; i++)
-                atomic_init(&lines[i], 0);
-            ci->lines = lines;
         }
     }
     /* Made whole before it is seen as made (Tracer_known_code reads only
@@ -383,23 +376,95 @@ tracer_attribute(void *ctx, int slot, int64_t size, int64_t total,
                                  reserved);
 }
 
+#if PY_VERSION_HEX >= 0x030B0000
+/* CPython's _PyLineTable_InitAddressRange (internal; the same from 3.11
+ * on): a range before the code's first instruction, from which
+ * _PyCode_CheckLineNumber walks forward.  lines_mirrored checks the first
+ * table made against PyCode_Addr2Line, instruction by instruction. */
+static void
+address_range_init(PyCodeObject *code, PyCodeAddressRange *r)
+{
+    r->opaque.lo_next = (const uint8_t *)PyBytes_AS_STRING(code->co_linetable);
+    r->opaque.limit = r->opaque.lo_next + PyBytes_GET_SIZE(code->co_linetable);
+    r->ar_start = -1;
+    r->ar_end = 0;
+    r->opaque.computed_line = code->co_firstlineno;
+    r->ar_line = -1;
+}
+
+static atomic_int lines_mirrored = -1;     /* -1: not checked yet */
+/* Bytes of an instruction (code unit), 3.11 to 3.13: Py_SIZE(code) counts
+ * them, and offsets are in bytes (the unit's type is internal on 3.13). */
+#define CODE_UNIT 2
+
+/* The code's CodeLines in one pass over its line table (each range of
+ * instructions on one line at once); NULL when out of memory or where the
+ * pass disagrees with PyCode_Addr2Line.  Reads only the code's immutable
+ * line table and allocates with malloc: on any thread, without the GIL. */
+static CodeLines *
+CodeLines_new(PyCodeObject *code)
+{
+    const int unit = CODE_UNIT;
+    Py_ssize_t n = Py_SIZE(code);
+    if (n <= 0 || n > INT32_MAX / unit || atomic_load(&lines_mirrored) == 0)
+        return NULL;
+    CodeLines *t = malloc(sizeof(CodeLines) + (size_t)n * sizeof(int32_t));
+    if (t == NULL)
+        return NULL;
+    t->n = (int32_t)n;
+    PyCodeAddressRange r;
+    address_range_init(code, &r);
+    int addr = 0, limit = (int)n * unit;
+    while (addr < limit) {
+        int line = _PyCode_CheckLineNumber(addr, &r);
+        /* A table that ends early: -1 to the end, as PyCode_Addr2Line
+         * reads each of those instructions. */
+        int end = r.ar_end > addr && r.ar_end < limit ? r.ar_end : limit;
+        for (; addr < end; addr += unit)
+            t->line[addr / unit] = line;
+    }
+    if (atomic_load(&lines_mirrored) < 0) {
+        int same = 1;
+        for (int i = 0; i < t->n && same; i++)
+            same = t->line[i] == PyCode_Addr2Line(code, i * unit);
+        atomic_store(&lines_mirrored, same);
+        if (!same) {
+            free(t);
+            return NULL;
+        }
+    }
+    return t;
+}
+#endif
+
 /* A located frame's line from its instruction's offset (info: its code's
- * CodeInfo, which the code keeps while the frame holds the code): the
- * code's cache, else a pure read of its line table. */
+ * CodeInfo, which lives while the frame holds the code): its CodeLines,
+ * made here the first time (two threads that make it at once keep the
+ * first published), else a scan of the line table. */
 static int
 code_line(const void *info, int lasti)
 {
     CodeInfo *ci = (CodeInfo *)info;
-    if (lasti < -1 || ci->lines == NULL)
-        return PyCode_Addr2Line(ci->code, lasti);
-    uint64_t key = (uint64_t)((uint32_t)lasti + 2u) << 32;
-    _Atomic uint64_t *slot = &ci->lines[((unsigned)lasti >> 1) % CODE_LINE_CACHE];
-    uint64_t seen = atomic_load_explicit(slot, memory_order_relaxed);
-    if ((seen & 0xFFFFFFFF00000000u) == key)
-        return (int)(int32_t)(uint32_t)seen;
-    int line = PyCode_Addr2Line(ci->code, lasti);
-    atomic_store_explicit(slot, key | (uint32_t)line, memory_order_relaxed);
-    return line;
+#if PY_VERSION_HEX >= 0x030B0000
+    const int unit = CODE_UNIT;
+    CodeLines *t = atomic_load_explicit(&ci->lines, memory_order_acquire);
+    if (t == NULL && lasti >= 0) {
+        CodeLines *made = CodeLines_new(ci->code);
+        if (made != NULL) {
+            CodeLines *none = NULL;
+            if (atomic_compare_exchange_strong_explicit(&ci->lines, &none, made, memory_order_acq_rel,
+                                                        memory_order_acquire))
+                t = made;
+            else {
+                free(made);
+                t = none;
+            }
+        }
+    }
+    if (t != NULL && lasti >= 0 && lasti / unit < t->n)
+        return t->line[lasti / unit];
+#endif
+    return PyCode_Addr2Line(ci->code, lasti);
 }
 
 /* -- the API -------------------------------------------------------------- */

@@ -22,18 +22,21 @@
 #define RequestCodeExtraIndex _PyEval_RequestCodeExtraIndex
 #endif
 
-/* Lines found for a located frame's instructions, per code object: the
- * line table is scanned from its start for each lookup (PyCode_Addr2Line),
- * the largest part of the tracer's own C on a suite that allocates much
- * under user code (kornia's).  Direct-mapped on the instruction; each
- * entry one atomic word, (lasti + 2) << 32 | line, so that allocator
- * threads that fill it at once never pair one's instruction with
- * another's line. */
-#define CODE_LINE_CACHE 16
+/* A located code's line of each of its instructions (code units), made
+ * in one pass over its line table the first time a line is looked up
+ * under it (by whichever thread allocates there first): PyCode_Addr2Line
+ * scans the table from its start at each call, the largest part of the
+ * tracer's own C on a suite that allocates much under user code (kornia's),
+ * and a small cache of lookups missed on functions that allocate on many
+ * lines.  Immutable once published. */
+typedef struct CodeLines {
+    int32_t n;                  /* instructions */
+    int32_t line[];             /* PyCode_Addr2Line of each, -1: none */
+} CodeLines;
 
 /* Hung on each code object (co_extra): the scope decision, made once per
  * decision epoch (decided: the epoch of the last decision made whole; its
- * fields are read only under the GIL, CODE_LINE_CACHE's aside). */
+ * fields are read only under the GIL, lines aside). */
 typedef struct CodeInfo {
     uint32_t code_id;           /* 0 until first found in scope */
     uint32_t decided;           /* epoch of the decision */
@@ -45,9 +48,9 @@ typedef struct CodeInfo {
     int deciding;               /* decide() runs now, on thread decider */
     unsigned long decider;
     PyCodeObject *code;         /* its code object (borrowed: the code owns this) */
-    /* A located code's instruction -> line (CODE_LINE_CACHE entries, made
-     * with its first decision as located; NULL: none) */
-    _Atomic uint64_t *lines;
+    /* A located code's instruction -> line, made at its first lookup
+     * (NULL: none yet, or none could be made) */
+    _Atomic(CodeLines *) lines;
 } CodeInfo;
 
 typedef struct TracerState {
@@ -136,6 +139,9 @@ int Backend_can_locate(void);
 int Backend_lasti(const void *where);
 /* 1 while the 3.11 frame-evaluation hook is in (tracer_settrace.c). */
 int Backend_hooked(void);
+/* A code's CodeInfo goes with it (under the GIL): what the event source
+ * kept of its decision goes too. */
+void Backend_code_freed(const CodeInfo *ci);
 /* Scope decisions changed: code that was told never to report again must
  * be asked anew. */
 int Backend_forget_disables(void);

@@ -215,6 +215,62 @@ static _PyFrameEvalFunction next_eval;
  * thread's 8 MiB. */
 #define HOOK_RECURSION_LIMIT 5000
 
+/* The decisions the hook read last, by code object.  Tracer_known_code
+ * reads the code's extras and then its CodeInfo: two dependent reads of
+ * memory that a suite's thousands of functions keep out of the
+ * processor's caches (on kornia's augmentation tests, most of the hook's
+ * own time).  This table is small and read for every frame, so it stays
+ * cached; what the hook needs of a decision is copied into it.  Under the
+ * GIL; an entry is read only in its decision's epoch and goes with its
+ * code (Backend_code_freed), before another code can take the address. */
+#define HOOK_CACHE_SIZE 1024
+typedef struct {
+    const PyObject *code;
+    CodeInfo *ci;
+    uint32_t epoch;
+    uint32_t code_id;
+    uint8_t want;               /* the tracing mode to run it in */
+    uint8_t located;
+    uint8_t phase;
+} HookDecision;
+static HookDecision hook_cache[HOOK_CACHE_SIZE];
+
+static inline HookDecision *
+hook_cache_slot(const void *code)
+{
+    uintptr_t h = (uintptr_t)code;
+    return &hook_cache[((h >> 4) ^ (h >> 14)) & (HOOK_CACHE_SIZE - 1)];
+}
+
+void
+Backend_code_freed(const CodeInfo *ci)
+{
+    HookDecision *e = hook_cache_slot(ci->code);
+    if (e->code == (const PyObject *)ci->code)
+        e->code = NULL;
+}
+
+/* A phase function called inside one of its own kind (a module's forward
+ * calling its children's): only the depth of the outermost counts
+ * (Tracer_phase_enter and _leave), kept here around its evaluation
+ * without its events. */
+static PyObject *
+eval_nested_phase(_PyFrameEvalFunction next, PyThreadState *ts, struct _PyInterpreterFrame *f,
+                  int throwflag, ShadowStack *t, int phase)
+{
+    t->phase_depth[phase]++;
+    _PyCFrame *caller = ts->cframe;
+    uint8_t was = caller->use_tracing;
+    caller->use_tracing = 0;
+    PyObject *result = next(ts, f, throwflag);
+    if (ts->cframe == caller)
+        caller->use_tracing = ts->c_tracefunc != NULL || ts->c_profilefunc != NULL ? was : 0;
+    /* (0 if the tracer stopped meanwhile: its stacks were reset) */
+    if (t->phase_depth[phase] > 0)
+        t->phase_depth[phase]--;
+    return result;
+}
+
 static PyObject *
 eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
 {
@@ -224,26 +280,46 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
     if (ts->c_tracefunc != trace_fn || ts->c_profilefunc != NULL || in_callback)
         return next(ts, f, throwflag);
     PyObject *code = (PyObject *)INTERP_FRAME_CODE(f);
-    in_callback = 1;
-    CodeInfo *ci;
-    if (PyErr_Occurred()) {
-        /* A generator resumed by throw(): the scope decision runs Python. */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        ci = Tracer_code_info(code);
-        PyErr_Restore(type, value, tb);
+    HookDecision *e = hook_cache_slot(code), d;
+    if (e->code == code && e->epoch == T.epoch) {
+        d = *e;
     }
     else {
-        ci = Tracer_known_code(code);
+        in_callback = 1;
+        CodeInfo *ci;
+        if (PyErr_Occurred()) {
+            /* A generator resumed by throw(): the scope decision runs Python. */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            ci = Tracer_code_info(code);
+            PyErr_Restore(type, value, tb);
+        }
+        else {
+            ci = Tracer_known_code(code);
+        }
+        in_callback = 0;
+        d = (HookDecision){.code = code, .ci = ci, .epoch = T.epoch};
+        if (ci != NULL) {
+            d.code_id = ci->code_id;
+            d.want = (ci->in_scope && !ci->located) || ci->phase ? 255 : 0;
+            d.located = ci->located != 0;
+            d.phase = (uint8_t)ci->phase;
+            if (ci->decided == T.epoch)
+                *e = d;     /* (undecided, or decided on another thread since: asked again) */
+        }
     }
-    in_callback = 0;
+    if (d.phase) {
+        ShadowStack *t = Tracer_thread_if_any();
+        if (t != NULL && t->phase_depth[d.phase] > 0)
+            return eval_nested_phase(next, ts, f, throwflag, t, d.phase);
+    }
     /* A located frame is pushed and popped here, around its evaluation
      * (a generator's each time it resumes), and runs untraced like
      * library code: its line is found at allocation. */
     ShadowStack *located = NULL;
-    if (ci != NULL && ci->located && (located = Tracer_thread()) != NULL)
-        ShadowStack_push_located(located, ci->code_id, f, ci);
-    uint8_t want = ci != NULL && ((ci->in_scope && !ci->located) || ci->phase) ? 255 : 0;
+    if (d.located && (located = Tracer_thread()) != NULL)
+        ShadowStack_push_located(located, d.code_id, f, d.ci);
+    uint8_t want = d.want;
     _PyCFrame *caller = ts->cframe;
     uint8_t was = caller->use_tracing;
     if (want == was) {
@@ -307,6 +383,7 @@ Backend_hooked(void)
 static void eval_hook_install(void) {}
 static void eval_hook_remove(void) {}
 int Backend_hooked(void) { return 0; }
+void Backend_code_freed(const CodeInfo *ci) { (void)ci; }
 #endif
 
 int

@@ -325,6 +325,12 @@ Backend_hooked(void)
     return 0;   /* sys.monitoring needs no frame hook */
 }
 
+void
+Backend_code_freed(const CodeInfo *ci)
+{
+    (void)ci;   /* sys.monitoring keeps nothing of a decision */
+}
+
 int
 Backend_can_locate(void)
 {

@@ -362,12 +362,13 @@ def test_the_top_lines_are_a_stable_sort_of_every_line_heaviest_first(traced, to
 
 
 def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_cache_entry(tmp_path):
-    """A located frame's line is cached per code object, one entry for
-    several instructions (csrc/tracer_internal.h, CODE_LINE_CACHE): a
-    function that allocates on 40 lines, in an order that makes them evict
-    one another again and again (from the measuring thread and, where
-    sys.monitoring follows every thread, from another one at once) has each
-    line charged its own bytes and no other's."""
+    """A located frame's lines are read from a table of its code's
+    instructions, made at the first lookup by whichever thread allocates
+    first (csrc/tracer_internal.h, CodeLines; it replaced a cache of 16
+    lookups, which this order made evict one another again and again): a
+    function that allocates on 40 lines, from the measuring thread and,
+    where sys.monitoring follows every thread, from another one at once,
+    has each line charged its own bytes and no other's."""
     if tracing.conflict():
         pytest.skip(tracing.conflict())
     lines = 40
@@ -393,6 +394,35 @@ def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_c
     threads = 2 if sys.version_info >= (3, 12) else 1
     got = lines_allocated(tmp_path, (str(path),), module.allocate.__code__, *[run_calls] * threads)
     assert got == {line_number[i]: threads * b for i, b in expected.items()}
+
+
+def test_functions_made_and_freed_again_and_again_are_each_decided_on_their_own(tmp_path):
+    """3.11's frame hook keeps the decisions it read last by code object
+    (csrc/tracer_settrace.c, HookDecision): a code freed and another made
+    at its address, in scope where the first was not or the reverse, is
+    decided anew.  300 functions made, called and dropped in turn, every
+    other one in scope: each in-scope one's bytes go to its line, and no
+    line of the out-of-scope file is charged."""
+    if tracing.conflict():
+        pytest.skip(tracing.conflict())
+    inside = tmp_path / "inside.py"
+    inside.write_text("def f():\n    alloc(1)\n")
+    outside = "/memlab-nowhere/outside.py"
+
+    def churn():
+        for i in range(300):
+            namespace = {"alloc": alloc}
+            exec(compile(f"def f():\n    alloc({i + 1})\n", str(inside) if i % 2 == 0 else outside, "exec"),
+                 namespace)
+            namespace["f"]()
+            namespace.clear()   # the function, and its code unless the tracer keeps it
+
+    run_traced(tmp_path, (str(inside),), churn)
+    charged = {}
+    for s in line_stats(CPU, allocated_only=True):
+        key = (s.code.co_filename, s.lineno)
+        charged[key] = charged.get(key, 0) + s.allocated
+    assert charged == {(str(inside), 2): sum(i + 1 for i in range(0, 300, 2))}
 
 
 ONE_ALLOCATION = "from injected_allocator import alloc\n\n\ndef allocate():\n    alloc(100)  # the line\n"
