@@ -437,6 +437,19 @@ CodeLines_new(PyCodeObject *code)
 }
 #endif
 
+/* 1: located codes' lines come from CodeLines; 0: from PyCode_Addr2Line
+ * (an interpreter where the pass disagreed, or before 3.11); -1: not
+ * checked yet (no table made). */
+static int
+line_tables_status(void)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    return atomic_load(&lines_mirrored);
+#else
+    return 0;
+#endif
+}
+
 /* A located frame's line from its instruction's offset (info: its code's
  * CodeInfo, which lives while the frame holds the code): its CodeLines,
  * made here the first time (two threads that make it at once keep the
@@ -718,10 +731,11 @@ PyObject *
 Tracer_status(void)
 {
     return Py_BuildValue(
-        "{s:s,s:O,s:O,s:i,s:O,s:O,s:n,s:I,s:I}",
+        "{s:s,s:O,s:O,s:i,s:i,s:O,s:O,s:n,s:I,s:I}",
         "backend", MEMLAB_SYSMON ? "sys.monitoring" : "PyEval_SetTrace",
         "eval_hook", Backend_hooked() ? Py_True : Py_False,
         "located", Backend_can_locate() ? Py_True : Py_False,
+        "line_tables", line_tables_status(),
         "tool", T.tool,
         "tracing", atomic_load(&T.tracing) ? Py_True : Py_False,
         "parked", T.parked ? Py_True : Py_False,
