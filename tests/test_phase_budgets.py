@@ -100,6 +100,62 @@ def test_a_backward_over_its_budget_fails_at_the_call_naming_the_phase_and_line(
     assert only["peak"] == train["phases"]["forward"]
 
 
+NESTED = """
+import pytest, torch
+MiB = 2**20
+
+class Inner(torch.nn.Module):
+    def forward(self, x):
+        scratch = torch.empty(3 * MiB, dtype=torch.uint8)   # freed at its return
+        scratch.fill_(1)
+        return x * 2
+
+class Middle(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner()
+
+    def forward(self, x):
+        return self.inner(x)
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.middle = Middle()
+
+    def forward(self, x):
+        y = self.middle(x)                                   # two modules deep, ended before the next line
+        scratch = torch.empty(4 * MiB, dtype=torch.uint8)   # still the forward's
+        scratch.fill_(1)
+        return y + 1
+
+@pytest.mark.cpu_memory
+def test_nested():
+    x = torch.ones(MiB // 4)                                 # 1 MiB
+    out = Outer()(x)
+    after = torch.empty(8 * MiB, dtype=torch.uint8)          # after the forward
+    after.fill_(1)
+"""
+
+
+def test_a_forward_through_nested_modules_is_one_phase_from_its_outermost_call_to_its_end(inner):
+    """A module's forward calls its children's: only the outermost call
+    starts and ends the forward phase (3.11's frame hook keeps the nested
+    calls' depth without their events, csrc/tracer_settrace.c).  The phase
+    goes on after the nested calls end (the outer forward's 4 MiB scratch,
+    allocated after them, is its peak) and ends with the outermost (the
+    8 MiB allocated after it is the test's, not the forward's)."""
+    inner.makepyfile(test_nested=NESTED)
+    result = inner.runpytest_inprocess("--memlab-json=r.json", "-p", "no:randomly")
+    result.assert_outcomes(passed=1)
+    cpu = json.loads((inner.path / "r.json").read_text())["tests"][0]["devices"]["cpu"]
+    # x, y, the scratch and the output: 7 MiB (the inner forward's moment held 5)
+    assert 7 * MiB <= cpu["phases"]["forward"] < 7 * MiB + 1024
+    assert set(cpu["phases"]) == {"forward"}
+    # x, the output and what came after the forward
+    assert 10 * MiB <= cpu["peak"] < 10 * MiB + 1024
+
+
 def test_a_phase_within_its_budget_passes(inner):
     result, cpu = _run(inner, backward="10M")
     result.assert_outcomes(passed=4)
