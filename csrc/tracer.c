@@ -66,7 +66,11 @@ int extras_mirrored = -1;   /* -1: not checked yet */
 #define DECISION_WAIT_YIELDS 64
 #define DECISION_WAIT_SLEEPS 2000      /* of 1 ms */
 
-/* A code's CodeInfo, and its line cache, go with the code. */
+#if PY_VERSION_HEX >= 0x030B0000
+static void lines_check(PyCodeObject *code);
+#endif
+
+/* A code's CodeInfo, and its table of lines, go with the code. */
 static void
 CodeInfo_free(void *info)
 {
@@ -173,6 +177,10 @@ again:
         else
             in_scope = verdict == 1;
         located &= Backend_can_locate();
+#if PY_VERSION_HEX >= 0x030B0000
+        if (located)
+            lines_check((PyCodeObject *)code);
+#endif
     }
     if (in_scope && ci->code_id == 0) {
         if (PyList_Append(T.codes, code) < 0) {
@@ -396,17 +404,21 @@ static atomic_int lines_mirrored = -1;     /* -1: not checked yet */
 /* Bytes of an instruction (code unit), 3.11 to 3.13: Py_SIZE(code) counts
  * them, and offsets are in bytes (the unit's type is internal on 3.13). */
 #define CODE_UNIT 2
+/* The check compares at most this many instructions (PyCode_Addr2Line
+ * scans from the table's start at each: quadratic). */
+#define LINES_CHECKED 2048
 
 /* The code's CodeLines in one pass over its line table (each range of
- * instructions on one line at once); NULL when out of memory or where the
- * pass disagrees with PyCode_Addr2Line.  Reads only the code's immutable
- * line table and allocates with malloc: on any thread, without the GIL. */
+ * instructions on one line at once); NULL when out of memory or before
+ * lines_check found the pass to agree with the interpreter.  Reads only
+ * the code's immutable line table and allocates with malloc: on any
+ * thread, without the GIL. */
 static CodeLines *
-CodeLines_new(PyCodeObject *code)
+CodeLines_new(PyCodeObject *code, int checking)
 {
     const int unit = CODE_UNIT;
     Py_ssize_t n = Py_SIZE(code);
-    if (n <= 0 || n > INT32_MAX / unit || atomic_load(&lines_mirrored) == 0)
+    if (n <= 0 || n > INT32_MAX / unit || (!checking && atomic_load(&lines_mirrored) != 1))
         return NULL;
     CodeLines *t = malloc(sizeof(CodeLines) + (size_t)n * sizeof(int32_t));
     if (t == NULL)
@@ -423,17 +435,27 @@ CodeLines_new(PyCodeObject *code)
         for (; addr < end; addr += unit)
             t->line[addr / unit] = line;
     }
-    if (atomic_load(&lines_mirrored) < 0) {
-        int same = 1;
-        for (int i = 0; i < t->n && same; i++)
-            same = t->line[i] == PyCode_Addr2Line(code, i * unit);
-        atomic_store(&lines_mirrored, same);
-        if (!same) {
-            free(t);
-            return NULL;
-        }
-    }
     return t;
+}
+
+/* Once, under the GIL, with the first code decided located (before any
+ * line is looked up under it): whether one pass over its line table reads
+ * what PyCode_Addr2Line reads, instruction by instruction.  Under the GIL,
+ * because 3.11's PyCode_Addr2Line reads an array of lines that the
+ * interpreter may be filling for a traced code. */
+static void
+lines_check(PyCodeObject *code)
+{
+    if (atomic_load(&lines_mirrored) >= 0)
+        return;
+    CodeLines *t = CodeLines_new(code, 1);
+    if (t == NULL)
+        return;     /* asked again with the next one */
+    int same = 1;
+    for (int i = 0; i < t->n && i < LINES_CHECKED && same; i++)
+        same = t->line[i] == PyCode_Addr2Line(code, i * CODE_UNIT);
+    free(t);
+    atomic_store(&lines_mirrored, same);
 }
 #endif
 
@@ -462,7 +484,7 @@ code_line(const void *info, int lasti)
     const int unit = CODE_UNIT;
     CodeLines *t = atomic_load_explicit(&ci->lines, memory_order_acquire);
     if (t == NULL && lasti >= 0) {
-        CodeLines *made = CodeLines_new(ci->code);
+        CodeLines *made = CodeLines_new(ci->code, 0);
         if (made != NULL) {
             CodeLines *none = NULL;
             if (atomic_compare_exchange_strong_explicit(&ci->lines, &none, made, memory_order_acq_rel,

@@ -253,21 +253,26 @@ Backend_code_freed(const CodeInfo *ci)
 /* A phase function called inside one of its own kind (a module's forward
  * calling its children's): only the depth of the outermost counts
  * (Tracer_phase_enter and _leave), kept here around its evaluation
- * without its events. */
+ * without its events.  The depth is put back as it was, not decremented:
+ * the tracing mode can come back on inside the call (a callee that set a
+ * profile function, or memlab's own import hook, writes its mode back to
+ * its caller), and the frame's return then reaches trace_fn, which
+ * decrements it too. */
 static PyObject *
 eval_nested_phase(_PyFrameEvalFunction next, PyThreadState *ts, struct _PyInterpreterFrame *f,
                   int throwflag, ShadowStack *t, int phase)
 {
-    t->phase_depth[phase]++;
+    int before = t->phase_depth[phase];
+    t->phase_depth[phase] = before + 1;
     _PyCFrame *caller = ts->cframe;
     uint8_t was = caller->use_tracing;
     caller->use_tracing = 0;
     PyObject *result = next(ts, f, throwflag);
     if (ts->cframe == caller)
         caller->use_tracing = ts->c_tracefunc != NULL || ts->c_profilefunc != NULL ? was : 0;
-    /* (0 if the tracer stopped meanwhile: its stacks were reset) */
-    if (t->phase_depth[phase] > 0)
-        t->phase_depth[phase]--;
+    /* (lower if the tracer started again meanwhile: Tracer_start resets it) */
+    if (t->phase_depth[phase] > before)
+        t->phase_depth[phase] = before;
     return result;
 }
 

@@ -101,6 +101,7 @@ def test_a_backward_over_its_budget_fails_at_the_call_naming_the_phase_and_line(
 
 
 NESTED = """
+import sys
 import pytest, torch
 MiB = 2**20
 
@@ -108,6 +109,7 @@ class Inner(torch.nn.Module):
     def forward(self, x):
         scratch = torch.empty(3 * MiB, dtype=torch.uint8)   # freed at its return
         scratch.fill_(1)
+        sys.setprofile(None)    # (on 3.11: turns the tracing mode on in this frame, which its callers inherit)
         return x * 2
 
 class Middle(torch.nn.Module):
@@ -141,10 +143,12 @@ def test_nested():
 def test_a_forward_through_nested_modules_is_one_phase_from_its_outermost_call_to_its_end(inner):
     """A module's forward calls its children's: only the outermost call
     starts and ends the forward phase (3.11's frame hook keeps the nested
-    calls' depth without their events, csrc/tracer_settrace.c).  The phase
-    goes on after the nested calls end (the outer forward's 4 MiB scratch,
-    allocated after them, is its peak) and ends with the outermost (the
-    8 MiB allocated after it is the test's, not the forward's)."""
+    calls' depth without their events, csrc/tracer_settrace.c, even where
+    a callee turns the tracing mode back on and the nested call's return is
+    heard after all).  The phase goes on after the nested calls end (the
+    outer forward's 4 MiB scratch, allocated after them, is its peak) and
+    ends with the outermost (the 8 MiB allocated after it is the test's,
+    not the forward's)."""
     inner.makepyfile(test_nested=NESTED)
     result = inner.runpytest_inprocess("--memlab-json=r.json", "-p", "no:randomly")
     result.assert_outcomes(passed=1)

@@ -394,30 +394,41 @@ def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_c
     threads = 2 if sys.version_info >= (3, 12) else 1
     got = lines_allocated(tmp_path, (str(path),), module.allocate.__code__, *[run_calls] * threads)
     assert got == {line_number[i]: threads * b for i, b in expected.items()}
+    if E.tracer_status()["located"]:
+        assert E.tracer_status()["line_tables"] == 1   # the tables, not the scans, read these lines
 
 
 def test_functions_made_and_freed_again_and_again_are_each_decided_on_their_own(tmp_path):
     """3.11's frame hook keeps the decisions it read last by code object
     (csrc/tracer_settrace.c, HookDecision): a code freed and another made
-    at its address, in scope where the first was not or the reverse, is
-    decided anew.  300 functions made, called and dropped in turn, every
-    other one in scope: each in-scope one's bytes go to its line, and no
-    line of the out-of-scope file is charged."""
+    at its address, in scope where the first was not, is decided anew.  300 functions made, called and dropped in turn, every
+    other one in scope (the tracer keeps in-scope codes alive, so the
+    addresses an in-scope code takes were an out-of-scope one's): each
+    in-scope one's bytes go to its line, and no line of the out-of-scope
+    file is charged."""
     if tracing.conflict():
         pytest.skip(tracing.conflict())
     inside = tmp_path / "inside.py"
     inside.write_text("def f():\n    alloc(1)\n")
     outside = "/memlab-nowhere/outside.py"
 
+    freed, reused = set(), []
+
     def churn():
         for i in range(300):
             namespace = {"alloc": alloc}
             exec(compile(f"def f():\n    alloc({i + 1})\n", str(inside) if i % 2 == 0 else outside, "exec"),
                  namespace)
+            address = id(namespace["f"].__code__)
+            if i % 2 == 0 and address in freed:
+                reused.append(address)
             namespace["f"]()
-            namespace.clear()   # the function, and its code unless the tracer keeps it
+            namespace.clear()   # the function, and its code unless the tracer keeps it (in scope)
+            if i % 2:
+                freed.add(address)
 
     run_traced(tmp_path, (str(inside),), churn)
+    assert reused   # in-scope codes were made where out-of-scope ones had been
     charged = {}
     for s in line_stats(CPU, allocated_only=True):
         key = (s.code.co_filename, s.lineno)
