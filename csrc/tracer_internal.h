@@ -27,8 +27,8 @@
  * under it (by whichever thread allocates there first): PyCode_Addr2Line
  * scans the table from its start at each call, the largest part of the
  * tracer's own C on a suite that allocates much under user code (kornia's),
- * and a small cache of lookups missed on functions that allocate on many
- * lines.  Immutable once published. */
+ * and the small cache of lookups that came before missed on functions that
+ * allocate on many lines.  Immutable once published. */
 typedef struct CodeLines {
     int32_t n;                  /* instructions */
     int32_t line[];             /* PyCode_Addr2Line of each, -1: none */

@@ -250,6 +250,16 @@ Backend_code_freed(const CodeInfo *ci)
         e->code = NULL;
 }
 
+/* After a frame's evaluation, which wrote its own tracing mode into its
+ * caller's: the caller's own mode back (off if the trace function went
+ * away meanwhile). */
+static inline void
+mode_give_back(PyThreadState *ts, _PyCFrame *caller, uint8_t was)
+{
+    if (ts->cframe == caller)
+        caller->use_tracing = ts->c_tracefunc != NULL || ts->c_profilefunc != NULL ? was : 0;
+}
+
 /* A phase function called inside one of its own kind (a module's forward
  * calling its children's): only the depth of the outermost counts
  * (Tracer_phase_enter and _leave), kept here around its evaluation
@@ -268,8 +278,7 @@ eval_nested_phase(_PyFrameEvalFunction next, PyThreadState *ts, struct _PyInterp
     uint8_t was = caller->use_tracing;
     caller->use_tracing = 0;
     PyObject *result = next(ts, f, throwflag);
-    if (ts->cframe == caller)
-        caller->use_tracing = ts->c_tracefunc != NULL || ts->c_profilefunc != NULL ? was : 0;
+    mode_give_back(ts, caller, was);
     /* (lower if the tracer started again meanwhile: Tracer_start resets it) */
     if (t->phase_depth[phase] > before)
         t->phase_depth[phase] = before;
@@ -335,11 +344,10 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
     }
     /* The frame's evaluation copies its caller's mode on entry and writes
      * its own back on exit: set it around the call, then give the caller
-     * its own back (off if the trace function went away meanwhile). */
+     * its own back. */
     caller->use_tracing = want;
     PyObject *result = next(ts, f, throwflag);
-    if (ts->cframe == caller)
-        caller->use_tracing = ts->c_tracefunc != NULL || ts->c_profilefunc != NULL ? was : 0;
+    mode_give_back(ts, caller, was);
     if (located != NULL)
         ShadowStack_pop_located(located, &T.clock, f);
     return result;

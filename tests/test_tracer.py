@@ -361,7 +361,7 @@ def test_the_top_lines_are_a_stable_sort_of_every_line_heaviest_first(traced, to
         E.tracer_line_stats(CPU, True, -1)
 
 
-def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_cache_entry(tmp_path):
+def test_lines_found_at_allocation_stay_exact_on_a_function_that_allocates_on_many_lines(tmp_path):
     """A located frame's lines are read from a table of its code's
     instructions, made at the first lookup by whichever thread allocates
     first (csrc/tracer_internal.h, CodeLines; it replaced a cache of 16
@@ -401,11 +401,11 @@ def test_lines_found_at_allocation_stay_exact_where_their_instructions_share_a_c
 def test_functions_made_and_freed_again_and_again_are_each_decided_on_their_own(tmp_path):
     """3.11's frame hook keeps the decisions it read last by code object
     (csrc/tracer_settrace.c, HookDecision): a code freed and another made
-    at its address, in scope where the first was not, is decided anew.  300 functions made, called and dropped in turn, every
-    other one in scope (the tracer keeps in-scope codes alive, so the
-    addresses an in-scope code takes were an out-of-scope one's): each
-    in-scope one's bytes go to its line, and no line of the out-of-scope
-    file is charged."""
+    at its address, in scope where the first was not, is decided anew.
+    300 functions made, called and dropped in turn, every other one in
+    scope (the tracer keeps in-scope codes alive, so the addresses an
+    in-scope code takes were an out-of-scope one's): each in-scope one's
+    bytes go to its line, and no line of the out-of-scope file is charged."""
     if tracing.conflict():
         pytest.skip(tracing.conflict())
     inside = tmp_path / "inside.py"
