@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -141,6 +142,8 @@ def main() -> int:
     ap.add_argument("--no-junit", action="store_true", help="no --junitxml (a configuration may name one itself)")
     ap.add_argument("--out", help="append the summary (markdown) to this file")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs of each configuration first (default 1)")
+    ap.add_argument("--keep", metavar="DIR", help="keep each timed run's junit file in DIR (NAME-ROUND.xml): "
+                    "where a phase's extra goes, test by test")
     args = ap.parse_args(argv)
     configs: dict[str, list[str]] = {}
     config_env: dict[str, dict[str, str]] = {}
@@ -191,6 +194,9 @@ def main() -> int:
                 print(f"warm-up {name:>12}: wall {phases['wall']:.3f}", flush=True)
                 continue
             runs[name].append(phases)
+            if args.keep and not args.no_junit:
+                os.makedirs(args.keep, exist_ok=True)
+                shutil.copyfile(junit, os.path.join(args.keep, f"{name}-{r + 1}.xml"))
             print(f"round {r + 1} {name:>12}: " + " ".join(f"{p} {phases[p]:.3f}" for p in PHASES)
                   + f" full_gc {phases['full_gc']:.0f}", flush=True)
     medians = {n: {p: statistics.median(x[p] for x in runs[n]) for p in COLUMNS} for n in names}
