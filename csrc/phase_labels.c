@@ -43,23 +43,36 @@ local_object(PyFrameObject *frame, const char *name, int first_item)
     return obj;
 }
 
+int
+PhaseLabel_local(int kind, int inputs, const char **name, int *first_item)
+{
+    *first_item = 0;
+    if (kind == PHASE_FORWARD) {
+        *name = inputs ? "args" : "self";
+        return 1;
+    }
+    if (kind == PHASE_STEP && !inputs) {
+        *name = "args";
+        *first_item = 1;
+        return 1;
+    }
+    return 0;
+}
+
 PyObject *
 PhaseLabel_subject(int kind, PyFrameObject *frame)
 {
-    switch (kind) {
-    case PHASE_FORWARD:
-        return local_object(frame, "self", 0);
-    case PHASE_STEP:
-        return local_object(frame, "args", 1);
-    default:
-        return NULL;
-    }
+    const char *name;
+    int first_item;
+    return PhaseLabel_local(kind, 0, &name, &first_item) ? local_object(frame, name, first_item) : NULL;
 }
 
 PyObject *
 PhaseLabel_inputs(int kind, PyFrameObject *frame)
 {
-    return kind == PHASE_FORWARD ? local_object(frame, "args", 0) : NULL;
+    const char *name;
+    int first_item;
+    return PhaseLabel_local(kind, 1, &name, &first_item) ? local_object(frame, name, first_item) : NULL;
 }
 
 /* The type name of obj (NULL: none) into buf; "" if none. */
@@ -75,7 +88,7 @@ type_name(PyObject *obj, char *buf, size_t size)
 }
 
 void
-PhaseLabel_format(char *buf, size_t size, int kind, PyFrameObject *frame,
+PhaseLabel_format(char *buf, size_t size, int kind, PyCodeObject *code,
                   PyObject *subject)
 {
     char name[PHASE_LABEL];
@@ -90,13 +103,11 @@ PhaseLabel_format(char *buf, size_t size, int kind, PyFrameObject *frame,
         break;
     default: {
         /* torch.autograd.backward and torch.autograd.grad share the kind. */
-        PyCodeObject *code = frame != NULL ? PyFrame_GetCode(frame) : NULL;
         const char *fn = code != NULL ? PyUnicode_AsUTF8(code->co_name) : NULL;
         if (fn == NULL)
             PyErr_Clear();
         snprintf(buf, size, "%s", fn != NULL && strcmp(fn, "grad") == 0
                                       ? "autograd.grad" : "backward");
-        Py_XDECREF(code);
     }
     }
 }

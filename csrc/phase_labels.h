@@ -21,10 +21,15 @@ PyObject *PhaseLabel_subject(int kind, PyFrameObject *frame);
  * other kinds or where they cannot be read.  A new reference; never
  * raises. */
 PyObject *PhaseLabel_inputs(int kind, PyFrameObject *frame);
-/* The label of a phase of kind whose function's frame is frame and whose
- * subject is subject (PhaseLabel_subject; NULL: the kind's bare name),
- * into buf.  Never raises: what cannot be read is left out of the label. */
-void PhaseLabel_format(char *buf, size_t size, int kind, PyFrameObject *frame,
+/* Where a phase of kind finds its subject (inputs 0) or a forward's inputs
+ * (inputs 1): the local's name, and whether the subject is its first item
+ * (a tuple's); 0 where the kind has none. */
+int PhaseLabel_local(int kind, int inputs, const char **name, int *first_item);
+/* The label of a phase of kind whose function's code is code (NULL: not
+ * known) and whose subject is subject (PhaseLabel_subject; NULL: the
+ * kind's bare name), into buf.  Never raises: what cannot be read is left
+ * out of the label. */
+void PhaseLabel_format(char *buf, size_t size, int kind, PyCodeObject *code,
                        PyObject *subject);
 
 #endif

@@ -275,16 +275,15 @@ call_phase_hook(int kind, PyObject *subject, PyObject *inputs)
 #endif
 }
 
-void
-Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
+/* The outermost call of a phase function starts its phase: logged on each
+ * device's timeline, and the phase hook told.  subject and inputs are new
+ * references (or NULL), taken. */
+static void
+phase_started(ShadowStack *t, const CodeInfo *ci, PyCodeObject *code, PyObject *subject,
+              PyObject *inputs)
 {
-    /* Only the outermost call of each kind starts a phase: a module's
-     * forward calls its children's, a step may call another's. */
-    if (t == NULL || t->phase_depth[ci->phase]++ > 0)
-        return;
-    PyObject *subject = PhaseLabel_subject(ci->phase, frame);
     char label[PHASE_LABEL];
-    PhaseLabel_format(label, sizeof label, ci->phase, frame, subject);
+    PhaseLabel_format(label, sizeof label, ci->phase, code, subject);
     for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
         uint64_t seq;
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
@@ -292,15 +291,47 @@ Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
     }
     publish_phases(t);
     if (T.phase_hook != NULL && t == atomic_load_explicit(&T.anchor, memory_order_acquire)) {
-        PyObject *inputs = PhaseLabel_inputs(ci->phase, frame);
         call_phase_hook(ci->phase, subject, inputs);
-        Py_XDECREF(inputs);
         /* Until the phase ends, for the walk there (the frame holds it
          * meanwhile; Tracer_set_phase_hook lets go of what is left). */
         Py_XSETREF(T.phase_subject[ci->phase], subject);
         subject = NULL;
     }
     Py_XDECREF(subject);
+    Py_XDECREF(inputs);
+}
+
+/* Whether the phase hook will want a forward's inputs at a phase start on
+ * t (reading them costs a frame's locals on 3.11). */
+static int
+phase_inputs_wanted(const ShadowStack *t)
+{
+    return T.phase_hook != NULL && t == atomic_load_explicit(&T.anchor, memory_order_acquire);
+}
+
+void
+Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
+{
+    /* Only the outermost call of each kind starts a phase: a module's
+     * forward calls its children's, a step may call another's. */
+    if (t == NULL || t->phase_depth[ci->phase]++ > 0)
+        return;
+    PyCodeObject *code = frame != NULL ? PyFrame_GetCode(frame) : NULL;
+    PyObject *inputs = phase_inputs_wanted(t) ? PhaseLabel_inputs(ci->phase, frame) : NULL;
+    phase_started(t, ci, code, PhaseLabel_subject(ci->phase, frame), inputs);
+    Py_XDECREF(code);
+}
+
+int
+Tracer_phase_enter_read(ShadowStack *t, const CodeInfo *ci, PyCodeObject *code,
+                        PyObject *(*read)(const void *where, int kind, int inputs),
+                        const void *where)
+{
+    if (t == NULL || t->phase_depth[ci->phase]++ > 0)
+        return 0;
+    PyObject *inputs = phase_inputs_wanted(t) ? read(where, ci->phase, 1) : NULL;
+    phase_started(t, ci, code, read(where, ci->phase, 0), inputs);
+    return 1;
 }
 
 void

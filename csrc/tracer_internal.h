@@ -122,6 +122,13 @@ Tracer_known_code(PyObject *code)
 /* A phase function starts or ends on thread t; frame is the starting
  * function's frame (its self names the module or optimizer), or NULL. */
 void Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame);
+/* The same where the caller reads the frame (3.11's frame hook, before the
+ * frame runs): read(where, kind, 0) gives the phase's subject and
+ * read(where, kind, 1) a forward's inputs, new references or NULL.  Returns
+ * whether this call started the phase (the outermost of its kind). */
+int Tracer_phase_enter_read(ShadowStack *t, const CodeInfo *ci, PyCodeObject *code,
+                            PyObject *(*read)(const void *where, int kind, int inputs),
+                            const void *where);
 void Tracer_phase_leave(ShadowStack *t, const CodeInfo *ci);
 /* The calling thread's shadow stack, created on first use; NULL when out
  * of memory.  Tracer_thread_if_any never creates one. */

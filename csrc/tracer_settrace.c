@@ -16,6 +16,7 @@
  * no-ops so that the module's method table is the same on every Python.
  */
 #include "tracer_internal.h"
+#include "phase_labels.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,10 @@ typedef struct {
     PyObject *frame_obj;
     void *previous;
     _Py_CODEUNIT *prev_instr;
+    int stacktop;
+    _Bool is_entry;
+    char owner;
+    PyObject *localsplus[1];    /* the arguments first, in their order */
 } InterpFrameHead;
 #define INTERP_FRAME_CODE(f) (((InterpFrameHead *)(f))->f_code)
 static int layout_ok = -1;          /* -1: not checked yet */
@@ -87,6 +92,29 @@ Backend_lasti(const void *where)
     return (int)(f->prev_instr - first) * (int)sizeof(_Py_CODEUNIT);
 }
 
+/* True if the frame's first local reads the same from localsplus as from
+ * its locals (the hook reads a phase's subject there: phase_local). */
+static int
+locals_check(const InterpFrameHead *f, PyFrameObject *frame)
+{
+    PyCodeObject *code = f->f_code;
+    if (code->co_nlocalsplus < 1 || f->localsplus[0] == NULL)
+        return 1;   /* nothing to compare: the hook then finds no subject either */
+    PyObject *locals = PyFrame_GetLocals(frame);
+    if (locals == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *v = PyObject_GetItem(locals, PyTuple_GET_ITEM(code->co_localsplusnames, 0));
+    Py_DECREF(locals);
+    if (v == NULL)
+        PyErr_Clear();
+    PyObject *raw = f->localsplus[0];
+    int same = v != NULL && (raw == v || (PyCell_Check(raw) && PyCell_GET(raw) == v));
+    Py_XDECREF(v);
+    return same;
+}
+
 /* True if the mirrored frame layout holds on this interpreter: the code
  * and the frame object of the frame that called into memlab, read both
  * ways. */
@@ -101,7 +129,7 @@ layout_check(void)
     PyCodeObject *code = PyFrame_GetCode(frame);
     const InterpFrameHead *f = frame_where(frame);
     layout_ok = f != NULL && f->f_code == code && f->frame_obj == (PyObject *)frame
-                && Backend_lasti(f) == PyFrame_GetLasti(frame);
+                && Backend_lasti(f) == PyFrame_GetLasti(frame) && locals_check(f, frame);
     Py_DECREF(code);
     return layout_ok;
 }
@@ -260,6 +288,66 @@ mode_give_back(PyThreadState *ts, _PyCFrame *caller, uint8_t was)
         caller->use_tracing = ts->c_tracefunc != NULL || ts->c_profilefunc != NULL ? was : 0;
 }
 
+/* A phase's subject or a forward's inputs (Tracer_phase_enter_read), read
+ * from a frame that has not run yet: its arguments are in place in
+ * localsplus, none made a cell yet (MAKE_CELL is its first instruction). */
+static PyObject *
+phase_local(const void *where, int kind, int inputs)
+{
+    const char *name;
+    int first_item;
+    if (!PhaseLabel_local(kind, inputs, &name, &first_item))
+        return NULL;
+    const InterpFrameHead *f = where;
+    PyCodeObject *code = f->f_code;
+    Py_ssize_t args = code->co_argcount + code->co_kwonlyargcount
+                      + ((code->co_flags & CO_VARARGS) != 0) + ((code->co_flags & CO_VARKEYWORDS) != 0);
+    for (Py_ssize_t i = 0; i < args && i < PyTuple_GET_SIZE(code->co_localsplusnames); i++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(code->co_localsplusnames, i), name) != 0)
+            continue;
+        PyObject *v = f->localsplus[i];
+        if (v != NULL && first_item)
+            v = PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0 ? PyTuple_GET_ITEM(v, 0) : NULL;
+        Py_XINCREF(v);
+        return v;
+    }
+    return NULL;
+}
+
+/* The outermost call of a phase function: its start and end heard here,
+ * around its evaluation, and the frame run without the tracing mode, like
+ * library code.  In the tracing mode its own body ran unspecialised, each
+ * instruction checked for a new line (torch.autograd.backward's forty
+ * lines, in every test that calls backward).  Where the tracing mode comes
+ * back on inside (a profile function set), the frame's return reaches
+ * trace_fn, which ends the phase first: it is not ended twice. */
+static PyObject *
+eval_phase(_PyFrameEvalFunction next, PyThreadState *ts, struct _PyInterpreterFrame *f,
+           int throwflag, const HookDecision *d)
+{
+    ShadowStack *t = Tracer_thread();
+    _PyCFrame *caller = ts->cframe;
+    uint8_t was = caller->use_tracing;
+    caller->use_tracing = 0;    /* the phase hook's own Python too */
+    in_callback = 1;
+    int started = Tracer_phase_enter_read(t, d->ci, INTERP_FRAME_CODE(f), phase_local, f);
+    in_callback = 0;
+    ShadowStack *located = NULL;
+    if (d->located && (located = Tracer_thread()) != NULL)
+        ShadowStack_push_located(located, d->code_id, f, d->ci);
+    PyObject *result = next(ts, f, throwflag);
+    if (located != NULL)
+        ShadowStack_pop_located(located, &T.clock, f);
+    if (started && t->phase_depth[d->phase] > 0) {
+        caller->use_tracing = 0;
+        in_callback = 1;
+        Tracer_phase_leave(t, d->ci);
+        in_callback = 0;
+    }
+    mode_give_back(ts, caller, was);
+    return result;
+}
+
 /* A phase function called inside one of its own kind (a module's forward
  * calling its children's): only the depth of the outermost counts
  * (Tracer_phase_enter and _leave), kept here around its evaluation
@@ -326,6 +414,10 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
         ShadowStack *t = Tracer_thread_if_any();
         if (t != NULL && t->phase_depth[d.phase] > 0)
             return eval_nested_phase(next, ts, f, throwflag, t, d.phase);
+        /* A generator's frame may resume (its cells made, its arguments
+         * gone): the tracing mode and trace_fn hear it as before. */
+        if (!throwflag && !(((PyCodeObject *)code)->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)))
+            return eval_phase(next, ts, f, throwflag, &d);
     }
     /* A located frame is pushed and popped here, around its evaluation
      * (a generator's each time it resumes), and runs untraced like

@@ -160,6 +160,61 @@ def test_a_forward_through_nested_modules_is_one_phase_from_its_outermost_call_t
     assert 10 * MiB <= cpu["peak"] < 10 * MiB + 1024
 
 
+RAISING_AND_PROFILED = """
+import sys, torch
+MiB = 2**20
+
+class Failing(torch.nn.Module):
+    def forward(self, x):
+        scratch = torch.empty(3 * MiB, dtype=torch.uint8)
+        scratch.fill_(1)
+        raise ValueError("the forward fails")
+
+class Profiled(torch.nn.Module):
+    def forward(self, x):
+        sys.setprofile(None)      # the tracing mode back on here and in its callers (3.11)
+        scratch = torch.empty(2 * MiB, dtype=torch.uint8)
+        scratch.fill_(1)
+        return x * 2
+
+def test_raising():
+    x = torch.ones(MiB // 4)                                 # 1 MiB
+    try:
+        Failing()(x)
+    except ValueError:
+        pass
+    after = torch.empty(6 * MiB, dtype=torch.uint8)          # after the forward
+    after.fill_(1)
+
+def test_profiled():
+    x = torch.ones(MiB // 4)
+    y = Profiled()(x)
+    after = torch.empty(6 * MiB, dtype=torch.uint8)          # after the forward
+    after.fill_(1)
+"""
+
+
+def test_a_forward_ends_its_phase_where_it_raises_and_once_where_it_turns_the_tracing_mode_on(inner):
+    """3.11's frame hook hears a phase function's start and end around its
+    evaluation, the body run without the tracing mode
+    (csrc/tracer_settrace.c, eval_phase): a forward that raises ends its
+    phase as it leaves (the 6 MiB allocated after it is the test's), and
+    one that turns the tracing mode back on (a profile function set, even
+    to None) has its end heard by the trace function first, and ended
+    once."""
+    inner.makepyfile(test_raising=RAISING_AND_PROFILED)
+    result = inner.runpytest_inprocess("--memlab-json=r.json", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    tests = {t["nodeid"].split("::")[1]: t["devices"]["cpu"]
+             for t in json.loads((inner.path / "r.json").read_text())["tests"]}
+    # x and the failing forward's scratch
+    assert 4 * MiB <= tests["test_raising"]["phases"]["forward"] < 4 * MiB + 1024
+    assert 7 * MiB <= tests["test_raising"]["peak"] < 7 * MiB + 1024
+    # x, the scratch and the output
+    assert 4 * MiB <= tests["test_profiled"]["phases"]["forward"] < 4 * MiB + 1024
+    assert 8 * MiB <= tests["test_profiled"]["peak"] < 8 * MiB + 1024
+
+
 def test_a_phase_within_its_budget_passes(inner):
     result, cpu = _run(inner, backward="10M")
     result.assert_outcomes(passed=4)
