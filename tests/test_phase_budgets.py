@@ -161,7 +161,7 @@ def test_a_forward_through_nested_modules_is_one_phase_from_its_outermost_call_t
 
 
 RAISING_AND_PROFILED = """
-import sys, torch
+import sys, pytest, torch
 MiB = 2**20
 
 class Failing(torch.nn.Module):
@@ -177,6 +177,7 @@ class Profiled(torch.nn.Module):
         scratch.fill_(1)
         return x * 2
 
+@pytest.mark.cpu_memory
 def test_raising():
     x = torch.ones(MiB // 4)                                 # 1 MiB
     try:
@@ -186,6 +187,7 @@ def test_raising():
     after = torch.empty(6 * MiB, dtype=torch.uint8)          # after the forward
     after.fill_(1)
 
+@pytest.mark.cpu_memory
 def test_profiled():
     x = torch.ones(MiB // 4)
     y = Profiled()(x)
