@@ -35,12 +35,18 @@ local_object(PyFrameObject *frame, const char *name, int first_item)
         PyErr_Clear();
         return NULL;
     }
-    if (!first_item)
-        return v;
-    PyObject *obj = PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0 ? PyTuple_GET_ITEM(v, 0) : NULL;
+    PyObject *obj = PhaseLabel_pick(v, first_item);
     Py_XINCREF(obj);
     Py_DECREF(v);
     return obj;
+}
+
+PyObject *
+PhaseLabel_pick(PyObject *value, int first_item)
+{
+    if (!first_item || value == NULL)
+        return value;
+    return PyTuple_Check(value) && PyTuple_GET_SIZE(value) > 0 ? PyTuple_GET_ITEM(value, 0) : NULL;
 }
 
 int

@@ -25,6 +25,10 @@ PyObject *PhaseLabel_inputs(int kind, PyFrameObject *frame);
  * (inputs 1): the local's name, and whether the subject is its first item
  * (a tuple's); 0 where the kind has none. */
 int PhaseLabel_local(int kind, int inputs, const char **name, int *first_item);
+/* What PhaseLabel_local's local holds of the phase: value itself, or its
+ * first item where first_item (NULL: not a tuple, or empty).  Borrowed,
+ * as value is. */
+PyObject *PhaseLabel_pick(PyObject *value, int first_item);
 /* The label of a phase of kind whose function's code is code (NULL: not
  * known) and whose subject is subject (PhaseLabel_subject; NULL: the
  * kind's bare name), into buf.  Never raises: what cannot be read is left

@@ -305,47 +305,11 @@ phase_local(const void *where, int kind, int inputs)
     for (Py_ssize_t i = 0; i < args && i < PyTuple_GET_SIZE(code->co_localsplusnames); i++) {
         if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(code->co_localsplusnames, i), name) != 0)
             continue;
-        PyObject *v = f->localsplus[i];
-        if (v != NULL && first_item)
-            v = PyTuple_Check(v) && PyTuple_GET_SIZE(v) > 0 ? PyTuple_GET_ITEM(v, 0) : NULL;
+        PyObject *v = PhaseLabel_pick(f->localsplus[i], first_item);
         Py_XINCREF(v);
         return v;
     }
     return NULL;
-}
-
-/* The outermost call of a phase function: its start and end heard here,
- * around its evaluation, and the frame run without the tracing mode, like
- * library code.  In the tracing mode its own body ran unspecialised, each
- * instruction checked for a new line (torch.autograd.backward's forty
- * lines, in every test that calls backward).  Where the tracing mode comes
- * back on inside (a profile function set), the frame's return reaches
- * trace_fn, which ends the phase first: it is not ended twice. */
-static PyObject *
-eval_phase(_PyFrameEvalFunction next, PyThreadState *ts, struct _PyInterpreterFrame *f,
-           int throwflag, const HookDecision *d)
-{
-    ShadowStack *t = Tracer_thread();
-    _PyCFrame *caller = ts->cframe;
-    uint8_t was = caller->use_tracing;
-    caller->use_tracing = 0;    /* the phase hook's own Python too */
-    in_callback = 1;
-    int started = Tracer_phase_enter_read(t, d->ci, INTERP_FRAME_CODE(f), phase_local, f);
-    in_callback = 0;
-    ShadowStack *located = NULL;
-    if (d->located && (located = Tracer_thread()) != NULL)
-        ShadowStack_push_located(located, d->code_id, f, d->ci);
-    PyObject *result = next(ts, f, throwflag);
-    if (located != NULL)
-        ShadowStack_pop_located(located, &T.clock, f);
-    if (started && t->phase_depth[d->phase] > 0) {
-        caller->use_tracing = 0;
-        in_callback = 1;
-        Tracer_phase_leave(t, d->ci);
-        in_callback = 0;
-    }
-    mode_give_back(ts, caller, was);
-    return result;
 }
 
 /* A phase function called inside one of its own kind (a module's forward
@@ -410,14 +374,31 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
                 *e = d;     /* (undecided, or decided on another thread since: asked again) */
         }
     }
+    /* The outermost call of a phase function: its start and end heard
+     * here, around its evaluation, and the frame run without the tracing
+     * mode, like library code.  In the tracing mode its own body ran
+     * unspecialised, each instruction checked for a new line
+     * (torch.autograd.backward's forty lines, in every test that calls
+     * backward).  A generator's frame may resume (its cells made, its
+     * arguments gone): the tracing mode and trace_fn hear it as before. */
+    ShadowStack *phased = NULL;
     if (d.phase) {
         ShadowStack *t = Tracer_thread_if_any();
         if (t != NULL && t->phase_depth[d.phase] > 0)
             return eval_nested_phase(next, ts, f, throwflag, t, d.phase);
-        /* A generator's frame may resume (its cells made, its arguments
-         * gone): the tracing mode and trace_fn hear it as before. */
         if (!throwflag && !(((PyCodeObject *)code)->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)))
-            return eval_phase(next, ts, f, throwflag, &d);
+            phased = Tracer_thread();
+    }
+    _PyCFrame *caller = ts->cframe;
+    uint8_t was = caller->use_tracing;
+    uint8_t want = d.want;
+    int started = 0;
+    if (phased != NULL) {
+        want = 0;
+        caller->use_tracing = 0;    /* the phase hook's own Python too */
+        in_callback = 1;
+        started = Tracer_phase_enter_read(phased, d.ci, (PyCodeObject *)code, phase_local, f);
+        in_callback = 0;
     }
     /* A located frame is pushed and popped here, around its evaluation
      * (a generator's each time it resumes), and runs untraced like
@@ -425,23 +406,25 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
     ShadowStack *located = NULL;
     if (d.located && (located = Tracer_thread()) != NULL)
         ShadowStack_push_located(located, d.code_id, f, d.ci);
-    uint8_t want = d.want;
-    _PyCFrame *caller = ts->cframe;
-    uint8_t was = caller->use_tracing;
-    if (want == was) {
-        PyObject *result = next(ts, f, throwflag);
-        if (located != NULL)
-            ShadowStack_pop_located(located, &T.clock, f);
-        return result;
-    }
     /* The frame's evaluation copies its caller's mode on entry and writes
      * its own back on exit: set it around the call, then give the caller
      * its own back. */
-    caller->use_tracing = want;
+    if (want != was)
+        caller->use_tracing = want;
     PyObject *result = next(ts, f, throwflag);
-    mode_give_back(ts, caller, was);
     if (located != NULL)
         ShadowStack_pop_located(located, &T.clock, f);
+    /* Where the tracing mode came back on inside (a profile function
+     * set), the frame's return reached trace_fn, which ended the phase
+     * first: it is not ended twice. */
+    if (started && phased->phase_depth[d.phase] > 0) {
+        caller->use_tracing = 0;
+        in_callback = 1;
+        Tracer_phase_leave(phased, d.ci);
+        in_callback = 0;
+    }
+    if (want != was || phased != NULL)
+        mode_give_back(ts, caller, was);
     return result;
 }
 
