@@ -275,22 +275,44 @@ call_phase_hook(int kind, PyObject *subject, PyObject *inputs)
 #endif
 }
 
-/* The outermost call of a phase function starts its phase: logged on each
- * device's timeline, and the phase hook told.  subject and inputs are new
- * references (or NULL), taken. */
-static void
-phase_started(ShadowStack *t, const CodeInfo *ci, PyCodeObject *code, PyObject *subject,
-              PyObject *inputs)
+/* A phase's subject or a forward's inputs, read from a frame object
+ * (Tracer_phase_enter's reader for Tracer_phase_enter_read). */
+static PyObject *
+frame_local(const void *where, int kind, int inputs)
 {
+    PyFrameObject *frame = (PyFrameObject *)where;
+    return inputs ? PhaseLabel_inputs(kind, frame) : PhaseLabel_subject(kind, frame);
+}
+
+void
+Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
+{
+    Tracer_phase_enter_read(t, ci, frame_local, frame);
+}
+
+int
+Tracer_phase_enter_read(ShadowStack *t, const CodeInfo *ci,
+                        PyObject *(*read)(const void *where, int kind, int inputs),
+                        const void *where)
+{
+    /* Only the outermost call of each kind starts a phase: a module's
+     * forward calls its children's, a step may call another's. */
+    if (t == NULL || t->phase_depth[ci->phase]++ > 0)
+        return 0;
+    /* The phase hook hears only the measuring thread's phases (a forward's
+     * inputs are read for it alone: on 3.11 a frame's locals). */
+    int hook = T.phase_hook != NULL && t == atomic_load_explicit(&T.anchor, memory_order_acquire);
+    PyObject *inputs = hook ? read(where, ci->phase, 1) : NULL;
+    PyObject *subject = read(where, ci->phase, 0);
     char label[PHASE_LABEL];
-    PhaseLabel_format(label, sizeof label, ci->phase, code, subject);
+    PhaseLabel_format(label, sizeof label, ci->phase, ci->code, subject);
     for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
         uint64_t seq;
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
             PhaseLog_add(&T.phases, ci->phase, slot, seq, label);
     }
     publish_phases(t);
-    if (T.phase_hook != NULL && t == atomic_load_explicit(&T.anchor, memory_order_acquire)) {
+    if (hook) {
         call_phase_hook(ci->phase, subject, inputs);
         /* Until the phase ends, for the walk there (the frame holds it
          * meanwhile; Tracer_set_phase_hook lets go of what is left). */
@@ -299,38 +321,6 @@ phase_started(ShadowStack *t, const CodeInfo *ci, PyCodeObject *code, PyObject *
     }
     Py_XDECREF(subject);
     Py_XDECREF(inputs);
-}
-
-/* Whether the phase hook will want a forward's inputs at a phase start on
- * t (reading them costs a frame's locals on 3.11). */
-static int
-phase_inputs_wanted(const ShadowStack *t)
-{
-    return T.phase_hook != NULL && t == atomic_load_explicit(&T.anchor, memory_order_acquire);
-}
-
-void
-Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame)
-{
-    /* Only the outermost call of each kind starts a phase: a module's
-     * forward calls its children's, a step may call another's. */
-    if (t == NULL || t->phase_depth[ci->phase]++ > 0)
-        return;
-    PyCodeObject *code = frame != NULL ? PyFrame_GetCode(frame) : NULL;
-    PyObject *inputs = phase_inputs_wanted(t) ? PhaseLabel_inputs(ci->phase, frame) : NULL;
-    phase_started(t, ci, code, PhaseLabel_subject(ci->phase, frame), inputs);
-    Py_XDECREF(code);
-}
-
-int
-Tracer_phase_enter_read(ShadowStack *t, const CodeInfo *ci, PyCodeObject *code,
-                        PyObject *(*read)(const void *where, int kind, int inputs),
-                        const void *where)
-{
-    if (t == NULL || t->phase_depth[ci->phase]++ > 0)
-        return 0;
-    PyObject *inputs = phase_inputs_wanted(t) ? read(where, ci->phase, 1) : NULL;
-    phase_started(t, ci, code, read(where, ci->phase, 0), inputs);
     return 1;
 }
 

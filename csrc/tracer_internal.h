@@ -126,7 +126,7 @@ void Tracer_phase_enter(ShadowStack *t, const CodeInfo *ci, PyFrameObject *frame
  * frame runs): read(where, kind, 0) gives the phase's subject and
  * read(where, kind, 1) a forward's inputs, new references or NULL.  Returns
  * whether this call started the phase (the outermost of its kind). */
-int Tracer_phase_enter_read(ShadowStack *t, const CodeInfo *ci, PyCodeObject *code,
+int Tracer_phase_enter_read(ShadowStack *t, const CodeInfo *ci,
                             PyObject *(*read)(const void *where, int kind, int inputs),
                             const void *where);
 void Tracer_phase_leave(ShadowStack *t, const CodeInfo *ci);

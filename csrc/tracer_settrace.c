@@ -397,7 +397,7 @@ eval_hook(PyThreadState *ts, struct _PyInterpreterFrame *f, int throwflag)
         want = 0;
         caller->use_tracing = 0;    /* the phase hook's own Python too */
         in_callback = 1;
-        started = Tracer_phase_enter_read(phased, d.ci, (PyCodeObject *)code, phase_local, f);
+        started = Tracer_phase_enter_read(phased, d.ci, phase_local, f);
         in_callback = 0;
     }
     /* A located frame is pushed and popped here, around its evaluation
