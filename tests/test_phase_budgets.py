@@ -199,7 +199,7 @@ def test_profiled():
 def test_a_forward_ends_its_phase_where_it_raises_and_once_where_it_turns_the_tracing_mode_on(inner):
     """3.11's frame hook hears a phase function's start and end around its
     evaluation, the body run without the tracing mode
-    (csrc/tracer_settrace.c, eval_phase): a forward that raises ends its
+    (csrc/tracer_settrace.c, eval_hook): a forward that raises ends its
     phase as it leaves (the 6 MiB allocated after it is the test's), and
     one that turns the tracing mode back on (a profile function set, even
     to None) has its end heard by the trace function first, and ended
