@@ -150,33 +150,35 @@ _TEST_LISTS = ("failed_by_memlab", "warned", "said", "processes", "out_of_memory
 _DEVICE_LISTS = ("first_use_held", "sites", "site_changes", "top")
 
 
-def compact(result: "TestResult") -> "TestResult":
-    """The result as the session keeps it to its end: its empty lists
-    replaced by the empty tuple.  Each list is an object the garbage
-    collector walks at every full collection; nine empty ones a test, kept
-    for a suite of ten thousand tests, made each full collection of a large
-    heap about a fifth slower (kornia: 1.8 s over its run).  What changes
-    a kept result later assigns a new sequence (session._apply_late)."""
-    for name in _TEST_LISTS:
-        if getattr(result, name) == []:
-            setattr(result, name, ())
-    for device in result.devices.values():
-        for name in _DEVICE_LISTS:
-            if getattr(device, name) == []:
-                setattr(device, name, ())
-    return result
-
-
-def containers(result: "TestResult") -> list:
-    """The result's own containers: itself, its devices and their dict,
-    and its lists.  Each refers only down to figures, names and the next
-    of them, never back up, so none is ever in a reference cycle (the
-    session has the collector stop tracking them: session.record)."""
+def compact(result: "TestResult") -> list:
+    """The result made as the session keeps it to its end, in one pass:
+    its empty lists replaced by the empty tuple, and its own containers
+    returned (itself, its devices and their dict, the lists left), for the
+    session to have the collector stop tracking them.  Each empty list is
+    an object the collector walks at every full collection; nine empty
+    ones a test, kept for a suite of ten thousand tests, made each full
+    collection of a large heap about a fifth slower (kornia: 1.8 s over
+    its run).  Each container refers only down to figures, names and the
+    next of them, never back up, so none is ever in a reference cycle.
+    What changes a kept result later assigns a new sequence
+    (session._apply_late)."""
     out: list = [result, result.devices]
-    out += [value for name in _TEST_LISTS if (value := getattr(result, name)).__class__ is list]
+    for name in _TEST_LISTS:
+        value = getattr(result, name)
+        if value.__class__ is list:
+            if value:
+                out.append(value)
+            else:
+                setattr(result, name, ())
     for device in result.devices.values():
         out.append(device)
-        out += [value for name in _DEVICE_LISTS if (value := getattr(device, name)).__class__ is list]
+        for name in _DEVICE_LISTS:
+            value = getattr(device, name)
+            if value.__class__ is list:
+                if value:
+                    out.append(value)
+                else:
+                    setattr(device, name, ())
     return out
 
 

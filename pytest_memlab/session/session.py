@@ -31,7 +31,7 @@ from ..measuring.broad_fixtures import BroadFixtures
 from ..measuring.leak_suspects import LeakSuspects
 from ..options import FILE_REPORTS
 from ..reports import dashboards, html_report, json_report, pr_summary
-from ..reports.results import TestResult, compact, containers, decode
+from ..reports.results import TestResult, compact, decode
 from ..reports.terminal import baseline_summary, summary
 from ..sizes import plural
 from .gpu_pinning import plan_gpus
@@ -217,12 +217,12 @@ class MemlabSession:
             if result is None:
                 return
         result.outcome = "error" if report.outcome == "failed" and outcome == "passed" else outcome
-        self.results[nodeid] = compact(result)
+        self.results[nodeid] = result
         # Kept to the session's end: each object the collector tracks would
         # be promoted and walked at every full collection of a large heap,
         # and four or five a test brought the large-heap suite's next full
         # collection (0.3 s) into its tests.
-        untrack(containers(result))
+        untrack(compact(result))
 
     @staticmethod
     def own_environment() -> dict:
