@@ -163,23 +163,22 @@ def compact(result: "TestResult") -> list:
     What changes a kept result later assigns a new sequence
     (session._apply_late)."""
     out: list = [result, result.devices]
-    for name in _TEST_LISTS:
-        value = getattr(result, name)
+    _compact_lists(result, _TEST_LISTS, out)
+    for device in result.devices.values():
+        out.append(device)
+        _compact_lists(device, _DEVICE_LISTS, out)
+    return out
+
+
+def _compact_lists(owner, names: tuple, out: list) -> None:
+    """owner's empty lists among names made the empty tuple; the others added to out."""
+    for name in names:
+        value = getattr(owner, name)
         if value.__class__ is list:
             if value:
                 out.append(value)
             else:
-                setattr(result, name, ())
-    for device in result.devices.values():
-        out.append(device)
-        for name in _DEVICE_LISTS:
-            value = getattr(device, name)
-            if value.__class__ is list:
-                if value:
-                    out.append(value)
-                else:
-                    setattr(device, name, ())
-    return out
+                setattr(owner, name, ())
 
 
 @dataclass(slots=True)
