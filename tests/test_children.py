@@ -642,18 +642,43 @@ def test_spawn():
     assert "import kid_helper" not in failure
 
 
-def test_the_parents_rank_is_read_as_os_environ_has_it(monkeypatch):
+def test_the_parents_rank_is_read_as_os_environ_has_it(monkeypatch, tmp_path):
     """Arming a test reads the parent's RANK (a child that inherits it is
     no rank) from os.environ's own table: the same value os.environ.get
     gives, set, unset or not a str's encoding, and from a mapping a test
-    put in os.environ's place."""
-    from pytest_memlab.children.gathering import _environ_get
+    put in os.environ's place.  The variable it sets is in os.environ and
+    in the environment a child inherits, and disarming takes it out of
+    both."""
+    import json
+    import subprocess
+
+    from pytest_memlab.children.gathering import ChildWatch
+    from pytest_memlab.children.startup import ENV
+
+    monkeypatch.delenv(ENV, raising=False)
+    watch = ChildWatch(tmp_path, [], 5)
+
+    def armed_rank():
+        armed = watch.arm(["cpu"])
+        try:
+            config = json.loads(os.environ[ENV])
+            assert config["dir"] == armed[0]
+            if isinstance(os.environ, dict):   # a test's own mapping: no child sees it
+                return config["parent_rank"]
+            seen = subprocess.run([sys.executable, "-c", f"import os; print(os.environ[{ENV!r}])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            assert json.loads(seen) == config
+            assert os.getenv(ENV) == os.environ[ENV]
+            return config["parent_rank"]
+        finally:
+            assert watch.disarm(armed) == []
+            assert ENV not in os.environ and os.getenv(ENV) is None
 
     monkeypatch.delenv("RANK", raising=False)
-    assert _environ_get("RANK") is None
+    assert armed_rank() is None
     monkeypatch.setenv("RANK", "3")
-    assert _environ_get("RANK") == os.environ.get("RANK") == "3"
+    assert armed_rank() == os.environ.get("RANK") == "3"
     monkeypatch.setenv("RANK", "r\udcff")   # undecodable bytes, as os.environ holds them
-    assert _environ_get("RANK") == os.environ.get("RANK")
+    assert armed_rank() == os.environ.get("RANK")
     monkeypatch.setattr(os, "environ", {"RANK": "5"})
-    assert _environ_get("RANK") == "5"
+    assert armed_rank() == "5"

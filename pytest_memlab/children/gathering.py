@@ -114,11 +114,14 @@ class ChildWatch:
                 self._links_count_folders = False
             startup.measure_forks()   # (once: the handler stays registered for the process)
         # RANK as the test's process has it now: an earlier test may have
-        # set it and left it, and a child that inherits it is no rank
-        parent_rank = _environ_get("RANK")
-        key = (tuple(devices), parent_rank)
+        # set it and left it, and a child that inherits it is no rank (read
+        # from os.environ's own table: decoded only for a new prefix)
+        environ = os.environ
+        rank = environ._data.get(_RANK_KEY) if environ.__class__ is _ENVIRON else environ.get("RANK")
+        key = (tuple(devices), rank)
         prefix = self._prefix.get(key)
         if prefix is None:
+            parent_rank = rank.decode(_FS_ENCODING, "surrogateescape") if rank.__class__ is bytes else rank
             text = json.dumps({"devices": list(devices), "rootdir": self.rootdir, "include": self.include,
                                "version": __version__, "top": self.top, "parent_rank": parent_rank,
                                "dir": ""})
@@ -127,11 +130,11 @@ class ChildWatch:
         # is (no json, no os.path, one assignment to the environment).
         if self._sep:
             folder = self._sep + str(next(_count))
-            os.environ[ENV] = f'{prefix}"{folder}"}}'
+            _put(f'{prefix}"{folder}"}}')
         else:
             folder = os.path.join(self.root, str(next(_count)))
-            os.environ[ENV] = prefix + json.dumps(folder) + "}"
-        if _forkserver_lives():
+            _put(prefix + json.dumps(folder) + "}")
+        if _FORKSERVER in sys.modules and _forkserver_lives():
             self._tell_forkserver(folder)
         return folder, self._before
 
@@ -151,14 +154,8 @@ class ChildWatch:
         """After the test's teardown: the variable as it was, and what its
         children reported (none, the common case, costs one failed look)."""
         folder, before = armed
-        if before is None:
-            try:
-                del os.environ[ENV]
-            except KeyError:   # the test took it out itself
-                pass
-        else:
-            os.environ[ENV] = before
-        if _forkserver_lives():
+        _put(before)   # (None: taken out, also where the test took it out itself)
+        if _FORKSERVER in sys.modules and _forkserver_lives():
             self._tell_forkserver("")
         # No child wrote (the common case): one system call, no exception.
         # The root's link count first: a look for the test's folder, a name
@@ -266,18 +263,33 @@ def read_devices(child: ChildFigures, devices: dict) -> None:
         child.at_peak[device] = list(d.get("at_peak") or [])
 
 
-def _environ_get(name: str) -> str | None:
-    """os.environ.get(name), read from its own table of encoded names:
-    os.environ.get raises a KeyError for a missing name and catches it, an
-    exception (and sys.monitoring's unwind event for memlab's tracer) in
-    every measured test that runs without RANK."""
+_ENVIRON = type(os.environ)           # os's own mapping (a test may put another in its place)
+_ENV_KEY = ENV.encode()               # the variable's name in os.environ's table
+_RANK_KEY = b"RANK"
+_FS_ENCODING = sys.getfilesystemencoding()
+_FORKSERVER = "multiprocessing.forkserver"
+
+
+def _put(value: str | None) -> None:
+    """The children's variable set to value (None: taken out) in the
+    process's environment and in os.environ, as os.environ's own
+    __setitem__ and __delitem__ do it (its table holds names and values
+    encoded), without their four Python calls: each measured test sets it
+    and restores it.  Through os.environ itself where a test put another
+    mapping in its place."""
     environ = os.environ
-    try:
-        table, encode, decode = environ._data, environ.encodekey, environ.decodevalue
-    except AttributeError:   # a test put another mapping in its place
-        return environ.get(name)
-    value = table.get(encode(name))
-    return None if value is None else decode(value)
+    if environ.__class__ is not _ENVIRON:
+        if value is None:
+            environ.pop(ENV, None)
+        else:
+            environ[ENV] = value
+    elif value is None:
+        os.unsetenv(_ENV_KEY)
+        environ._data.pop(_ENV_KEY, None)
+    else:
+        encoded = value.encode(_FS_ENCODING, "surrogateescape")
+        os.putenv(_ENV_KEY, encoded)
+        environ._data[_ENV_KEY] = encoded
 
 
 def _forkserver_lives() -> bool:

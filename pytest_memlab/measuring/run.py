@@ -319,7 +319,8 @@ class TestRun:
             tracing.phase_hook(None)
         if self.armed is not None:
             try:
-                self.children = self._children_used(self.watch.disarm(self.armed))
+                children = self.watch.disarm(self.armed)
+                self.children = self._children_used(children) if children else ()
             except Exception as exc:
                 self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
             self.armed = None
