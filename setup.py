@@ -16,7 +16,7 @@ from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINE_SOURCES = [
-    "csrc/module.c", "csrc/module_engine.c", "csrc/module_reporter.c", "csrc/heap_walk.c", "csrc/referrer_index.c", "csrc/reporter.c", "csrc/engine.c", "csrc/ledger.c", "csrc/kept.c", "csrc/scope.c", "csrc/sites.c",
+    "csrc/module.c", "csrc/module_engine.c", "csrc/module_reporter.c", "csrc/heap_walk.c", "csrc/environ_buffer.c", "csrc/referrer_index.c", "csrc/reporter.c", "csrc/engine.c", "csrc/ledger.c", "csrc/kept.c", "csrc/scope.c", "csrc/sites.c",
     "csrc/shadow_stack.c", "csrc/timeline.c", "csrc/phases.c", "csrc/alloc_log.c", "csrc/tracer.c", "csrc/phase_labels.c", "csrc/tracer_sysmon.c", "csrc/tracer_settrace.c",
 ]
 BRIDGE_FILES = ["csrc/bridge.cpp", "csrc/memlab_bridge.h"]

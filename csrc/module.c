@@ -9,8 +9,10 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine.h"
+#include "environ_buffer.h"
 #include "heap_walk.h"
 #include "phases.h"
 #include "referrer_index.h"
@@ -143,6 +145,30 @@ engine_untrack(PyObject *Py_UNUSED(module), PyObject *objects)
         return NULL;
     }
     return PyLong_FromSsize_t(HeapWalk_untrack(objects));
+}
+
+/* environ_put(name, value) -> None: name=value (bytes) in the process's
+ * environment, through memlab's own buffers (environ_buffer.h); the
+ * caller keeps os.environ's table alike. */
+static PyObject *
+engine_environ_put(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    const char *name, *value;
+    Py_ssize_t name_len, value_len;
+    if (!PyArg_ParseTuple(args, "y#y#:environ_put", &name, &name_len, &value, &value_len))
+        return NULL;
+    if (name_len == 0 || memchr(name, '=', (size_t)name_len) != NULL
+        || memchr(name, '\0', (size_t)name_len) != NULL) {
+        PyErr_SetString(PyExc_ValueError, "environ_put: the name is empty or holds '=' or a NUL");
+        return NULL;
+    }
+    if (memchr(value, '\0', (size_t)value_len) != NULL) {
+        PyErr_SetString(PyExc_ValueError, "environ_put: the value holds a NUL");
+        return NULL;
+    }
+    if (EnvironBuffer_put(name, (size_t)name_len, value, (size_t)value_len) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
 }
 
 /* referrers(objects, targets) -> the items of the list objects (the heap:
@@ -345,6 +371,10 @@ static PyMethodDef engine_methods[] = {
      "items_of_kinds(container, tensor, containers, limit) -> [(key, value, is_tensor)]: the items among "
      "the first limit of container whose value is a tensor (of a subtype of tensor) or of a type in the "
      "tuple containers, by the objects' own types; key: a dict's key, a set's None, else the index"},
+    {"environ_put", engine_environ_put, METH_VARARGS,
+     "environ_put(name, value) -> None: name=value (bytes) set in the process's environment without "
+     "setenv, which keeps every distinct value for the life of the process (os.environ is not "
+     "touched)."},
     {"untrack", engine_untrack, METH_O,
      "untrack(objects) -> how many items of the list objects the collector tracked: it no longer "
      "does (records kept to the session's end that can never be in a reference cycle)."},

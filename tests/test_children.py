@@ -682,3 +682,54 @@ def test_the_parents_rank_is_read_as_os_environ_has_it(monkeypatch, tmp_path):
     assert armed_rank() == os.environ.get("RANK")
     monkeypatch.setattr(os, "environ", {"RANK": "5"})
     assert armed_rank() == "5"
+
+
+def test_arming_many_tests_leaves_nothing_allocated_in_the_environment(monkeypatch, tmp_path):
+    """Each measured test sets the children's variable to a value never
+    seen before.  glibc's setenv (os.putenv) keeps a copy of each for the
+    life of the process; memlab writes it through buffers of its own, so
+    arming and disarming thousands of tests leaves the C heap as it was,
+    while the environment a child inherits says each test's folder."""
+    import ctypes
+    import json
+    import subprocess
+
+    from pytest_memlab.children.gathering import ChildWatch
+    from pytest_memlab.children.startup import ENV
+
+    try:
+        libc = ctypes.CDLL(None)
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        pytest.skip("glibc's mallinfo2 is not here")
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                         "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                         "keepcost")]
+
+    mallinfo2.restype = Mallinfo2
+    monkeypatch.delenv(ENV, raising=False)
+    watch = ChildWatch(tmp_path, [], 5)
+    watch.disarm(watch.arm(["cpu"]))   # the first arming installs and makes what lasts
+    before = mallinfo2().uordblks
+    for _ in range(5000):
+        armed = watch.arm(["cpu"])
+        assert json.loads(os.environ[ENV])["dir"] == armed[0]
+        watch.disarm(armed)
+    grown = mallinfo2().uordblks - before
+    assert grown < 5000 * 16, f"{grown / 5000:.0f} bytes a test left allocated"
+    # (os.putenv, for comparison: what the engine's buffers avoid)
+    before = mallinfo2().uordblks
+    for i in range(5000):
+        os.putenv(ENV, f"{'x' * 200}{i}")
+    os.unsetenv(ENV)
+    assert mallinfo2().uordblks - before > 5000 * 100
+    armed = watch.arm(["cpu"])
+    try:
+        seen = subprocess.run([sys.executable, "-c", f"import os; print(os.environ[{ENV!r}])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        assert json.loads(seen)["dir"] == armed[0] == json.loads(os.environ[ENV])["dir"]
+    finally:
+        watch.disarm(armed)
+    assert os.getenv(ENV) is None and ENV not in os.environ

@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from .. import __version__
+from .._engine import environ_put
 from ..engine.meters import DeviceFigures
 from ..figures import phase_bytes
 from . import startup, startup_hook
@@ -272,11 +273,14 @@ _FORKSERVER = "multiprocessing.forkserver"
 
 def _put(value: str | None) -> None:
     """The children's variable set to value (None: taken out) in the
-    process's environment and in os.environ, as os.environ's own
-    __setitem__ and __delitem__ do it (its table holds names and values
-    encoded), without their four Python calls: each measured test sets it
-    and restores it.  Through os.environ itself where a test put another
-    mapping in its place."""
+    process's environment and in os.environ's table (names and values
+    encoded), as os.environ's own __setitem__ and __delitem__ keep them,
+    without their four Python calls: each measured test sets it and
+    restores it.  The environment is written through the engine's own
+    buffers (environ_put): os.environ's putenv is glibc's setenv, which
+    keeps each distinct value it was given for the life of the process,
+    about 220 bytes a measured test.  Through os.environ itself where a
+    test put another mapping in its place."""
     environ = os.environ
     if environ.__class__ is not _ENVIRON:
         if value is None:
@@ -288,7 +292,7 @@ def _put(value: str | None) -> None:
         environ._data.pop(_ENV_KEY, None)
     else:
         encoded = value.encode(_FS_ENCODING, "surrogateescape")
-        os.putenv(_ENV_KEY, encoded)
+        environ_put(_ENV_KEY, encoded)
         environ._data[_ENV_KEY] = encoded
 
 
