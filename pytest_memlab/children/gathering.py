@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from .. import __version__
-from .._engine import environ_put
+from ..engine import environment
 from ..engine.meters import DeviceFigures
 from ..figures import phase_bytes
 from . import startup, startup_hook
@@ -277,7 +277,7 @@ def _put(value: str | None) -> None:
     encoded), as os.environ's own __setitem__ and __delitem__ keep them,
     without their four Python calls: each measured test sets it and
     restores it.  The environment is written through the engine's own
-    buffers (environ_put): os.environ's putenv is glibc's setenv, which
+    buffers (engine.environment): os.environ's putenv is glibc's setenv, which
     keeps each distinct value it was given for the life of the process,
     about 220 bytes a measured test.  Through os.environ itself where a
     test put another mapping in its place."""
@@ -292,7 +292,7 @@ def _put(value: str | None) -> None:
         environ._data.pop(_ENV_KEY, None)
     else:
         encoded = value.encode(_FS_ENCODING, "surrogateescape")
-        environ_put(_ENV_KEY, encoded)
+        environment.put(_ENV_KEY, encoded)
         environ._data[_ENV_KEY] = encoded
 
 
