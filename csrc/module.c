@@ -1,8 +1,9 @@
 /* pytest_memlab._engine: the CPython face of the engine.  Module setup,
  * the argument helpers and the method table: the engine's functions are in
  * module_engine.c, the reporter's in module_reporter.c, the heap walks in
- * heap_walk.c; the measuring itself lives in engine.c, the reporter's
- * installs and the scope transaction in reporter.c, the tracer in tracer.c.
+ * heap_walk.c, the children's environment buffers in environ_buffer.c; the
+ * measuring itself lives in engine.c, the reporter's installs and the scope
+ * transaction in reporter.c, the tracer in tracer.c.
  */
 #include "module_state.h"
 
