@@ -87,6 +87,11 @@ class MemlabPlugin:
             config.pluginmanager.register(CallWindow(self), "memlab-call-window")
         if options.pack:
             config.pluginmanager.register(RerunStatus(), "memlab-rerun-status")
+            config.pluginmanager.register(PackedReports(self.session), "memlab-reports")
+        else:
+            # The session hears each report itself (its record is the hook:
+            # three reports a test, no call between)
+            config.pluginmanager.register(self.session, "memlab-reports")
 
     # -- collection -----------------------------------------------------------
     @pytest.hookimpl(wrapper=True)
@@ -186,7 +191,8 @@ class MemlabPlugin:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem):
-        run = self.running(item)
+        current = self._running   # (running(item), written out here and in makereport: every test)
+        run = current[1] if current is not None and current[0] is item else None
         if run is None or run.measurement is None:
             return (yield)
         try:
@@ -231,9 +237,10 @@ class MemlabPlugin:
                     item.session.testsfailed -= 1
             if call.when == "teardown":
                 release_cached_gpu_memory(item.config.workerinput.get("memlab_kept_cache") or KEPT_CACHE_BYTES)
-        run = self.running(item)
-        if run is None:
+        current = self._running
+        if current is None or current[0] is not item:
             return report
+        run = current[1]
         failed = report.outcome == "failed"
         if failed:
             run.user_failed = True   # memlab has not judged yet: this failure is the test's
@@ -247,7 +254,8 @@ class MemlabPlugin:
                 run.call_failed = True
                 if call.excinfo is not None:
                     run.failure = call.excinfo.tb
-            run.peek_children(failed)
+            if run.armed is not None and (run.judged or failed):   # (peek_children's own first question)
+                run.peek_children(failed)
             if failed:
                 run.children_out_of_memory(report)
         if when == "teardown" and self.session.ranks is not None:   # measured or not: every rank's turn
@@ -255,16 +263,19 @@ class MemlabPlugin:
                 self.session.exchange(run)
             except Exception as exc:  # memlab's trouble, never the test's
                 run.error = run.error or f"the ranks' figures were not exchanged: {type(exc).__name__}: {exc}"
-        try:
-            self.verdicts.judge(run, report, final=when == "teardown")
-        except Exception as exc:  # memlab's trouble, never the test's
-            run.error = run.error or f"judging failed: {type(exc).__name__}: {exc}"
+        # (judge's own first question, asked here: an unmarked test with
+        # no baseline that left nothing behind, most tests, has nothing to judge)
+        if run.judged or run.leaks or run.growth:
+            try:
+                self.verdicts.judge(run, report, final=when == "teardown")
+            except Exception as exc:  # memlab's trouble, never the test's
+                run.error = run.error or f"judging failed: {type(exc).__name__}: {exc}"
         if when == "teardown":
             options = self.options
             result = run.result(options.top, options.details if options.detail else "",
                                 self.session.baseline is not None, options.update_baseline)
             broad = self.session.broad_fixtures
-            if broad.known and (self.session.baseline is not None or options.pack):
+            if (self.session.baseline is not None or options.pack) and broad.known:
                 for device, d in result.devices.items():   # for packed runs: the copies each worker holds
                     if d.measured:
                         d.fixtures = broad.of_test(item, device)
@@ -278,12 +289,6 @@ class MemlabPlugin:
         return report
 
     # -- the session ----------------------------------------------------------
-    @pytest.hookimpl(tryfirst=True)   # a packed test's first failure is set aside before others see it
-    def pytest_runtest_logreport(self, report):
-        if self.session.packing is not None:
-            set_aside_for_rerun(self.session.packing, report)
-        self.session.record(report)
-
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config, log):
         """pytest-xdist, on the controller: --memlab-pack's scheduler."""
@@ -342,6 +347,20 @@ class CallWindow:
         if manager.options.leak_repeat:
             run.repeat(pyfuncitem, manager.verdicts.leak_allowances(run), manager.options.leak_repeat)
         return result
+
+
+class PackedReports:
+    """--memlab-pack: a packed test's first out-of-memory is set aside
+    before others see its report, then the session records it."""
+
+    def __init__(self, session: MemlabSession):
+        self.session = session
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report):
+        if self.session.packing is not None:
+            set_aside_for_rerun(self.session.packing, report)
+        self.session.record(report)
 
 
 class RerunStatus:

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import _engine as engine
-from ..devices import cuda_index
+from ..devices import CPU, cuda_index
 from ..figures import PHASE_NAMES
 from .attribution import Attribution, LineStat
 from .backend import BRIDGE, COUNTERS, Core
-from .slots import slot_of
+from .slots import SLOT_CPU, slot_of
 
 class Watch:
     """Leak suspects' addresses on one device, watched by the engine until
@@ -147,7 +147,7 @@ class EngineMeter:
                  log: bool = False):
         self.core = core
         self.device = device
-        self.slot = slot_of(device)
+        self.slot = SLOT_CPU if device == CPU else slot_of(device)   # (the CPU's answer, written out)
         self.detached = detached
         self.timeline = timeline    # the device's timeline follows this scope
         self.log = log              # and its allocation log (--memlab-snapshot)
@@ -196,7 +196,7 @@ class EngineMeter:
         """(count, bytes, site): the requests the device's allocator could
         not serve so far (memlab's CPU allocator hears them before torch
         raises), the latest one's bytes and call chain."""
-        return tuple(engine.failed(self.slot))
+        return engine.failed(self.slot)   # (a tuple)
 
     def seq(self) -> int:
         """The device's event number now: where a mark falls on the timeline."""
@@ -212,6 +212,12 @@ class EngineMeter:
         follow it (a scope without a timeline, or one inside which another
         test was measured)."""
         return peak_without_kept(engine.kept(self.slot, self.scope_id), transient)
+
+    def kept_raw(self) -> tuple | None:
+        """engine.kept's answer for this scope, for peak_without_kept: its
+        blocks say whether anything is kept at all (most tests keep
+        nothing, and then nothing pytest holds needs looking for)."""
+        return engine.kept(self.slot, self.scope_id)
 
     def live_blocks(self) -> list:
         """(addr, size, scope, site) of this scope's blocks still allocated."""

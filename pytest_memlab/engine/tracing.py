@@ -199,9 +199,12 @@ class Tracing:
 
     def acquire(self, *, paths: bool = False, codes=()) -> bool:
         """Starts or joins the tracer; False (with off_reason) if it cannot run."""
-        changed = self._remember(paths, codes)
+        # (every measured test: its path rule, already on where the tracer
+        # was parked, and no functions; no call where nothing is added)
+        changed = self._remember(paths, codes) if codes or (paths and not self.scope.paths_on) else False
         if self.users == 0:
-            reason = self.conflict()
+            # (conflict's first question, asked here: from the second measured test on, its answer)
+            reason = "" if not WINDOWED and sys.monitoring.get_tool(4) == "pytest-memlab" else self.conflict()
             if reason:
                 self.off_reason = reason
                 self._forget(paths, codes)
@@ -238,17 +241,17 @@ class Tracing:
         # A parked tracer still decides the code that first runs between
         # two measured tests (and disables what is out of scope): the path
         # rule stays in force for it until unpark.
-        self._forget(paths and not parking, codes)
+        if codes or (paths and not parking):
+            self._forget(paths and not parking, codes)
         if self.users == 0:
             engine.tracer_stop(park=park)
         elif paths or codes:
             engine.tracer_redecide()
             self._codes_changed = False
 
-    @staticmethod
-    def reset_lines() -> None:
-        """Starts the per-line figures afresh (a new measured test)."""
-        engine.tracer_reset_lines()
+    # Starts the per-line figures afresh (a new measured test): the engine's
+    # own function, with no Python frame between.
+    reset_lines = staticmethod(engine.tracer_reset_lines)
 
     @staticmethod
     def phase_hook(hook) -> None:

@@ -10,7 +10,7 @@ import gc
 import time
 from dataclasses import dataclass, field
 
-from ..devices import resolve
+from ..devices import CPU, resolve
 from ..engine.attribution import line_stats
 from ..engine.backend import BRIDGE, Core
 from ..engine.meters import DeviceFigures, EngineMeter, make_meter
@@ -76,11 +76,16 @@ class Measurement:
         self.meters = {}
         self.unmeasured: dict[str, str] = {}
         self.resolved: dict[str, str] = {}  # requested ("cuda") -> concrete
+        bridged = core.name == BRIDGE
         for device in devices:
-            concrete, reason = resolve(core, device)
+            # (resolve's and make_meter's answers for the CPU through the
+            # bridge, most tests' device, written out: every measured test)
+            concrete, reason = (device, "") if bridged and device == CPU else resolve(core, device)
             self.resolved[device] = concrete
             if reason:
                 self.unmeasured[concrete] = reason
+            elif bridged:
+                self.meters[concrete] = EngineMeter(core, concrete, False, timeline, log)
             else:
                 self.meters[concrete] = make_meter(core, concrete, timeline=timeline, log=log)
         self.measured = list(self.meters) + list(self.unmeasured)
@@ -105,7 +110,7 @@ class Measurement:
     # -- bracketing (the plugin calls these) --------------------------------
     def begin(self) -> None:
         self._t0 = time.perf_counter()
-        self._collections = _collections()
+        self._collections = gc.get_count()[1:]   # (_collections, written out: every measured test)
         started = []
         try:
             for meter in self.meters.values():
@@ -118,8 +123,12 @@ class Measurement:
         self.trace = self.trace and bool(self.meters)
         if self.trace:
             tracing.reset_lines()
-            if not WINDOWED:
-                self._trace_on()
+            if not WINDOWED:   # (_trace_on, written out: no window is open yet)
+                if tracing.acquire(paths=True):
+                    self._traced_once = True
+                    self._tracing = 1
+                else:
+                    self.trace_note = tracing.off_reason
 
     def _trace_on(self) -> None:
         if self._tracing == 0:
@@ -152,8 +161,9 @@ class Measurement:
                 error = error or exc
                 figures[device] = DeviceFigures(device, False, reason=f"measurement failed: {exc}")
         try:
-            while self._tracing:
-                self._trace_off()
+            if self._tracing:   # every window closed at once: _trace_off's last step
+                self._tracing = 0
+                tracing.release(paths=True, park=self.park)
         except Exception as exc:  # a scope decision raised: say so
             error = error or exc
         for device, meter in meters.items():

@@ -16,16 +16,19 @@ import gc
 from dataclasses import dataclass, field
 
 from ..children.gathering import ChildWatch, StartupHookMissing
-from ..devices import default_device, machine_gpu, other_gpus
+from ..devices import CPU, default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
 from ..engine.tracing import tracing
-from ..engine.meters import EngineMeter, leave_out_kept, make_meter
+from ..engine.meters import EngineMeter, leave_out_kept, make_meter, peak_without_kept
 from ..judging.messages import leak_report
 from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
 from .measurement import Measurement
 from .memory_kinds import KindWalk, defer, kinds_over_time, resolve
 from .out_of_memory import cpu_failure_count, cpu_moment, explain
+
+
+_CPU_ALONE = [CPU]
 
 
 @dataclass(slots=True)
@@ -84,11 +87,14 @@ class TestRun:
         kept in error: the test then runs unmeasured)."""
         try:
             c = core()
-            session.saw_backend(c)
+            if not session.backend:   # (saw_backend's own first question: every measured test asks)
+                session.saw_backend(c)
             requested = [default_device(c) if spec.kind == "auto" else spec.device for spec in self.specs]
             # Every GPU the test uses is measured: the others it did not ask
-            # for too (kept only if it allocated there: TestRun.end).
-            others = other_gpus(c, requested) if c.name == BRIDGE else []
+            # for too (kept only if it allocated there: TestRun.end).  A
+            # test of the CPU alone, most on a machine without CUDA, asks
+            # nothing.
+            others = other_gpus(c, requested) if c.name == BRIDGE and requested != _CPU_ALONE else []
             measurement = Measurement(c, list(dict.fromkeys(requested)) + others, park=True, timeline=True,
                                       log=options.snapshot is not None, others=tuple(others),
                                       lines=options.top_lines, lines_top=options.top)
@@ -282,14 +288,15 @@ class TestRun:
         for device, meter in self.measurement.meters.items():
             if meter.__class__ is not EngineMeter or not meter.timeline:
                 continue
-            if not meter.live():
-                kept = meter.kept()
-            else:
+            raw = meter.kept_raw()
+            if raw is None:   # the engine did not follow the scope
+                continue
+            if raw[1]:   # blocks still allocated: those pytest alone holds count as freed
                 if held is None:
                     held = self._held_by_pytest(item)
-                kept = meter.kept(held)
-            if kept is not None:
-                out[device] = kept
+                out[device] = peak_without_kept(raw, held)
+            else:
+                out[device] = peak_without_kept(raw)
         return out
 
     def _kinds(self, walk: KindWalk, kept: dict) -> None:
@@ -409,7 +416,7 @@ class TestRun:
                             warned=sorted(self.warned) if self.warned else (),
                             memlab_error=self.error, user_failed=self.user_failed, said=self.said,
                             unjudged=self.unjudged,
-                            processes=self.processes(),
+                            processes=self.processes() if self.ranks or self.children else (),
                             out_of_memory=[e.as_dict() for e in self.explained] if self.explained else ())
         if self.measurement is None:
             return result
@@ -420,7 +427,8 @@ class TestRun:
             d = result.devices[device] = DeviceResult.from_figures(figures, spec, top,
                                                                    sites=want_sites)
             d.name = self.names.get(device, device)
-            d.gpu = machine_gpu(device)
+            if device != CPU:   # (machine_gpu's answer for the CPU: none)
+                d.gpu = machine_gpu(device)
             if device in self.leaked and figures.measured:
                 d.leaked = self.leaked[device]   # the figure agrees with the verdict
             if device in self.measurement.first_use:

@@ -163,22 +163,19 @@ def compact(result: "TestResult") -> list:
     What changes a kept result later assigns a new sequence
     (session._apply_late)."""
     out: list = [result, result.devices]
-    _compact_lists(result, _TEST_LISTS, out)
-    for device in result.devices.values():
-        out.append(device)
-        _compact_lists(device, _DEVICE_LISTS, out)
+    # Each owner's empty lists among its names made the empty tuple, the
+    # others added to out (one loop, no call: every measured test's result)
+    for owner, names in ((result, _TEST_LISTS), *[(device, _DEVICE_LISTS) for device in result.devices.values()]):
+        if owner is not result:
+            out.append(owner)
+        for name in names:
+            value = getattr(owner, name)
+            if value.__class__ is list:
+                if value:
+                    out.append(value)
+                else:
+                    setattr(owner, name, ())
     return out
-
-
-def _compact_lists(owner, names: tuple, out: list) -> None:
-    """owner's empty lists among names made the empty tuple; the others added to out."""
-    for name in names:
-        value = getattr(owner, name)
-        if value.__class__ is list:
-            if value:
-                out.append(value)
-            else:
-                setattr(owner, name, ())
 
 
 @dataclass(slots=True)
@@ -226,22 +223,13 @@ def _keys(device: str) -> tuple:
     return keys
 
 
-def _kept_nothing(d: "DeviceResult") -> bool:
-    """Whether a measured device kept nothing past its teardown: its leaked,
-    kept and first_use 0, its peak_with_kept its peak (left out together:
-    a measured device always has its leaked figure, so their absence is
-    never the absence of figures)."""
-    return (d.measured and d.peak is not None and d.leaked == 0 and d.kept == 0 and d.first_use == 0
-            and d.peak_with_kept == d.peak)
-
-
 def encode(result: TestResult) -> list[tuple[str, object]]:
     """The test's properties: each device's numbers and words, and the
     test's verdicts (details() has the rest)."""
     props: list[tuple[str, object]] = []
     add = props.append
     for device, d in result.devices.items():
-        measured, reason, name, baseline, gpu, ints, lean = _keys(device)
+        measured, reason, name, baseline, gpu, ints, lean = _KEYS.get(device) or _keys(device)
         if not d.measured:
             add((measured, "false"))
             add((reason, d.reason))
@@ -251,7 +239,13 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
             add((baseline, d.baseline))
         if d.gpu:
             add((gpu, d.gpu))
-        for key, prop in (lean if _kept_nothing(d) else ints):
+        # Kept nothing past its teardown: leaked, kept and first_use 0,
+        # peak_with_kept its peak (left out together: a measured device
+        # always has its leaked figure, so their absence is never the
+        # absence of figures)
+        kept_nothing = (d.measured and d.peak is not None and d.leaked == 0 and d.kept == 0
+                        and d.first_use == 0 and d.peak_with_kept == d.peak)
+        for key, prop in (lean if kept_nothing else ints):
             value = getattr(d, key)
             if value is not None:
                 add((prop, value))
@@ -323,7 +317,7 @@ def decode(nodeid: str, props, details: str = "") -> TestResult | None:
         for device, dev in result.devices.items():
             dev.name = dev.name or device
             if (dev.measured and dev.peak is not None and dev.leaked is None and dev.kept is None
-                    and dev.first_use is None and dev.peak_with_kept is None):   # kept nothing (_kept_nothing)
+                    and dev.first_use is None and dev.peak_with_kept is None):   # kept nothing (encode)
                 dev.leaked, dev.kept, dev.first_use, dev.peak_with_kept = 0, 0, 0, dev.peak
         if details:
             sent = json.loads(details)

@@ -193,8 +193,12 @@ class MemlabSession:
         """A result this process made (it comes back with the teardown report)."""
         self._made[result.nodeid] = result
 
+    @pytest.hookimpl(tryfirst=True)
     def record(self, report) -> None:
-        """A test's report: the call's outcome, then the result with teardown's."""
+        """A test's report: the call's outcome, then the result with
+        teardown's.  The hook pytest_runtest_logreport: the session is
+        registered as a plugin for it alone (plugin.py; under
+        --memlab-pack, PackedReports calls it)."""
         when = report.when
         if self._durations is not None:
             self._durations[report.nodeid] = self._durations.get(report.nodeid, 0.0) + (report.duration or 0.0)
@@ -223,6 +227,8 @@ class MemlabSession:
         # and four or five a test brought the large-heap suite's next full
         # collection (0.3 s) into its tests.
         untrack(compact(result))
+
+    pytest_runtest_logreport = record
 
     @staticmethod
     def own_environment() -> dict:
