@@ -70,6 +70,9 @@ class ChildFigures:
 
 _root: str | None = None     # the process's children folder (one for every session it runs)
 _count = itertools.count(1)  # the tests' folders in it
+# The root, open: its link count is read through it after each measured test
+# (fstat: no path to look up, half a stat's time); -1 until opened
+_root_fd = -1
 
 
 def _process_root() -> str:
@@ -81,6 +84,33 @@ def _process_root() -> str:
         _root = tempfile.mkdtemp(prefix="memlab-children-")
         atexit.register(shutil.rmtree, _root, True)
     return _root
+
+
+def _open_root(path: str) -> int:
+    """Opens path as the process's root (where it exists: else the root
+    held stays, and disarm keeps looking for each test's folder); returns
+    its link count (-1: not opened)."""
+    global _root_fd
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return -1
+    if _root_fd >= 0:
+        os.close(_root_fd)
+    else:
+        atexit.register(_close_root)
+    _root_fd = fd
+    try:
+        return os.fstat(fd).st_nlink
+    except OSError:
+        return -1
+
+
+def _close_root() -> None:
+    global _root_fd
+    if _root_fd >= 0:
+        os.close(_root_fd)
+        _root_fd = -1
 
 
 class ChildWatch:
@@ -109,10 +139,7 @@ class ChildWatch:
             self.root = _process_root()
             plain = json.dumps(self.root) == f'"{self.root}"' and json.dumps(os.sep) == f'"{os.sep}"'
             self._sep = self.root + os.sep if plain else ""
-            try:
-                self._links_count_folders = os.stat(self.root).st_nlink >= 2
-            except OSError:   # an earlier session's test removed it (a child makes it again): disarm looks
-                self._links_count_folders = False
+            self._links_count_folders = _open_root(self.root) >= 2
             startup.measure_forks()   # (once: the handler stays registered for the process)
         # RANK as the test's process has it now: an earlier test may have
         # set it and left it, and a child that inherits it is no rank (read
@@ -165,10 +192,13 @@ class ChildWatch:
         # kernel keeps at hand)
         if self._links_count_folders:
             try:
-                if os.stat(self.root).st_nlink == 2:
-                    return []
-            except OSError:   # the root itself is gone (a test emptied the temp folder): looked for below
-                pass
+                links = os.fstat(_root_fd).st_nlink
+            except OSError:
+                links = -1
+            if links == 2:
+                return []
+            if links == 0:   # the root itself was removed (a test emptied the temp folder): looked for below
+                _open_root(self.root)   # the path's folder from now on, where a child made it again
         if not os.access(folder, os.F_OK):
             return []
         children = ChildWatch.peek(armed, done_only=False)
