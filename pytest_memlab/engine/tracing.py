@@ -204,7 +204,10 @@ class Tracing:
         changed = self._remember(paths, codes) if codes or (paths and not self.scope.paths_on) else False
         if self.users == 0:
             # (conflict's first question, asked here: from the second measured test on, its answer)
-            reason = "" if not WINDOWED and sys.monitoring.get_tool(4) == "pytest-memlab" else self.conflict()
+            if WINDOWED:
+                reason = "" if sys.gettrace() is None else self.conflict()
+            else:
+                reason = "" if sys.monitoring.get_tool(4) == "pytest-memlab" else self.conflict()
             if reason:
                 self.off_reason = reason
                 self._forget(paths, codes)
@@ -241,8 +244,10 @@ class Tracing:
         # A parked tracer still decides the code that first runs between
         # two measured tests (and disables what is out of scope): the path
         # rule stays in force for it until unpark.
-        if codes or (paths and not parking):
+        if codes:
             self._forget(paths and not parking, codes)
+        elif paths and not parking:   # (_forget's work for the path rule alone: every window on 3.11)
+            self.scope.paths_on = False
         if self.users == 0:
             engine.tracer_stop(park=park)
         elif paths or codes:

@@ -403,16 +403,28 @@ class TraceWindow:
     def __init__(self, measurement: Measurement):
         self.measurement = measurement
 
+    # (Measurement._trace_on and _trace_off written out: several windows
+    # open and close in every measured test on 3.11)
     def __enter__(self):
         m = self.measurement
         self.on = WINDOWED and m.trace and m.final is None
         if self.on:
-            m._trace_on()
+            if m._tracing == 0:
+                if not tracing.acquire(paths=True):
+                    m.trace_note = tracing.off_reason
+                    self.on = False
+                    return self
+                m._traced_once = True
+            m._tracing += 1
         return self
 
     def __exit__(self, *exc):
         if self.on:
-            self.measurement._trace_off()
+            m = self.measurement
+            if m._tracing > 0:
+                m._tracing -= 1
+                if m._tracing == 0:
+                    tracing.release(paths=True, park=m.park)
         return False
 
 
