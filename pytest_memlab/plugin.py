@@ -8,6 +8,9 @@ Each hook delegates:
   (:class:`~pytest_memlab.judging.verdicts.Verdicts`);
 - the session: results, baseline file, reports, xdist's worker and
   controller sides (:class:`~pytest_memlab.session.session.MemlabSession`).
+  One hook is the session's own: it is registered as a plugin for
+  ``pytest_runtest_logreport`` alone, so that each of a test's three
+  reports reaches its ``record`` with no call between.
 
 memlab's own trouble never fails a user's test: the test runs unmeasured and
 the summary says why (``MEMLAB_CORE=bridge`` asks for the opposite: a
