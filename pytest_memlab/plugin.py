@@ -194,8 +194,7 @@ class MemlabPlugin:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem):
-        current = self._running   # (running(item), written out here and in makereport: every test)
-        run = current[1] if current is not None and current[0] is item else None
+        run = self.running(item)
         if run is None or run.measurement is None:
             return (yield)
         try:
@@ -240,10 +239,9 @@ class MemlabPlugin:
                     item.session.testsfailed -= 1
             if call.when == "teardown":
                 release_cached_gpu_memory(item.config.workerinput.get("memlab_kept_cache") or KEPT_CACHE_BYTES)
-        current = self._running
-        if current is None or current[0] is not item:
+        run = self.running(item)
+        if run is None:
             return report
-        run = current[1]
         failed = report.outcome == "failed"
         if failed:
             run.user_failed = True   # memlab has not judged yet: this failure is the test's
@@ -342,8 +340,7 @@ class CallWindow:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
         manager = self.manager
-        current = manager._running   # (running(item), written out: every test on 3.11)
-        run = current[1] if current is not None and current[0] is pyfuncitem else None
+        run = manager.running(pyfuncitem)
         if run is None or run.measurement is None or run.repeating:
             return (yield)
         with run.measurement.window():

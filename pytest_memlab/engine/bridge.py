@@ -93,36 +93,12 @@ class Bridge:
         """install() and an engine scope on slot, the device's reporting on,
         its timeline and allocation log: one call (engine.open), undone
         whole if any part fails.  Returns the scope id."""
-        # (_installing's work, written out: this runs in every measured test)
-        try:
-            scope, first = _engine.open(slot, detached, total, reserved, timeline, log_max)
-        except _engine.BridgeError as exc:
-            raise MemlabCoreError(f"installing the torch bridge failed: {exc}") from None
-        if first:
-            if self._hooks_parked:   # (entered's common case: every measured test)
-                self._hooks_parked = False
-            else:
-                self.entered()
-        return scope
+        return self._installing(_engine.open, slot, detached, total, reserved, timeline, log_max)
 
     def close_scope(self, slot: int, scope: int, park: bool = False) -> dict:
         """Undoes open_scope (also when the scope is not the innermost: the
         engine's ValueError then); returns the closed scope's figures."""
-        # (_uninstalling's work, written out: this runs in every measured test)
-        try:
-            figures, last = _engine.close(slot, scope)
-        except BaseException as exc:
-            if _engine.bridge_depth() == 0:   # the last install was undone all the same
-                self.left(park)
-            if isinstance(exc, _engine.BridgeError):
-                raise MemlabCoreError(f"removing the torch bridge failed: {exc}") from None
-            raise
-        if last:
-            if park and not self._hooks_parked:   # (left's common case: every measured test)
-                self._hooks_parked = True
-            else:
-                self.left(park)
-        return figures
+        return self._uninstalling(park, _engine.close, slot, scope)
 
     # Each engine entry that installs returns whether it was the thread's
     # first install (alone, or after its result); each that uninstalls,

@@ -211,7 +211,7 @@ class EngineMeter:
         at the addresses in transient aside; None where the engine does not
         follow it (a scope without a timeline, or one inside which another
         test was measured)."""
-        return peak_without_kept(engine.kept(self.slot, self.scope_id), transient)
+        return peak_without_kept(self.kept_raw(), transient)
 
     def kept_raw(self) -> tuple | None:
         """engine.kept's answer for this scope, for peak_without_kept: its

@@ -123,12 +123,8 @@ class Measurement:
         self.trace = self.trace and bool(self.meters)
         if self.trace:
             tracing.reset_lines()
-            if not WINDOWED:   # (_trace_on, written out: no window is open yet)
-                if tracing.acquire(paths=True):
-                    self._traced_once = True
-                    self._tracing = 1
-                else:
-                    self.trace_note = tracing.off_reason
+            if not WINDOWED:
+                self._trace_on()
 
     def _trace_on(self) -> None:
         if self._tracing == 0:
@@ -403,28 +399,16 @@ class TraceWindow:
     def __init__(self, measurement: Measurement):
         self.measurement = measurement
 
-    # (Measurement._trace_on and _trace_off written out: several windows
-    # open and close in every measured test on 3.11)
     def __enter__(self):
         m = self.measurement
         self.on = WINDOWED and m.trace and m.final is None
         if self.on:
-            if m._tracing == 0:
-                if not tracing.acquire(paths=True):
-                    m.trace_note = tracing.off_reason
-                    self.on = False
-                    return self
-                m._traced_once = True
-            m._tracing += 1
+            m._trace_on()
         return self
 
     def __exit__(self, *exc):
         if self.on:
-            m = self.measurement
-            if m._tracing > 0:
-                m._tracing -= 1
-                if m._tracing == 0:
-                    tracing.release(paths=True, park=m.park)
+            self.measurement._trace_off()
         return False
 
 

@@ -193,18 +193,17 @@ def cpu_failures(measurement) -> tuple[int, int, int] | None:
 def cpu_failure_count(measurement) -> int:
     """How many CPU requests failed so far (0 where the CPU is not measured
     with the engine): a test's or a child's count when it begins."""
-    # (cpu_failures, written out: every measured test asks, at its start and its end)
-    meter = measurement.meters.get(CPU) if measurement is not None else None
-    return meter.failed_requests()[0] if meter is not None and hasattr(meter, "failed_requests") else 0
+    failures = cpu_failures(measurement)
+    return failures[0] if failures is not None else 0
 
 
 def cpu_moment(measurement, before: int) -> Moment | None:
     """The latest CPU request that failed since the count was before, as
     memlab's allocator heard it (its bytes and the line that asked), with
     the live blocks now."""
-    if cpu_failure_count(measurement) <= before:
-        return None
     failures = cpu_failures(measurement)
+    if failures is None or failures[0] <= before:
+        return None
     _, size, site = failures
     moment = take_moment(measurement, CPU, size, at_error=False)
     moment.chain = chain_of(site)

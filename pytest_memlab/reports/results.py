@@ -163,19 +163,22 @@ def compact(result: "TestResult") -> list:
     What changes a kept result later assigns a new sequence
     (session._apply_late)."""
     out: list = [result, result.devices]
-    # Each owner's empty lists among its names made the empty tuple, the
-    # others added to out (one loop, no call: every measured test's result)
-    for owner, names in ((result, _TEST_LISTS), *[(device, _DEVICE_LISTS) for device in result.devices.values()]):
-        if owner is not result:
-            out.append(owner)
-        for name in names:
-            value = getattr(owner, name)
-            if value.__class__ is list:
-                if value:
-                    out.append(value)
-                else:
-                    setattr(owner, name, ())
+    _compact_lists(result, _TEST_LISTS, out)
+    for device in result.devices.values():
+        out.append(device)
+        _compact_lists(device, _DEVICE_LISTS, out)
     return out
+
+
+def _compact_lists(owner, names: tuple, out: list) -> None:
+    """owner's empty lists among names made the empty tuple; the others added to out."""
+    for name in names:
+        value = getattr(owner, name)
+        if value.__class__ is list:
+            if value:
+                out.append(value)
+            else:
+                setattr(owner, name, ())
 
 
 @dataclass(slots=True)
@@ -229,7 +232,7 @@ def encode(result: TestResult) -> list[tuple[str, object]]:
     props: list[tuple[str, object]] = []
     add = props.append
     for device, d in result.devices.items():
-        measured, reason, name, baseline, gpu, ints, lean = _KEYS.get(device) or _keys(device)
+        measured, reason, name, baseline, gpu, ints, lean = _keys(device)
         if not d.measured:
             add((measured, "false"))
             add((reason, d.reason))
