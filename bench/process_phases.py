@@ -23,6 +23,11 @@ each phase's edge; the parent stamps the process's start and its exit:
 - ``atexit``: to the last atexit handler;
 - ``exit``: from there to the process's end (the interpreter's
   finalization: its collections walk every object still alive);
+- each phase's CPU seconds too (``time.process_time`` in the run: user and
+  system, every thread) and the whole process's (its rusage): a shared VM's
+  stolen time and its other tenants move walls, far less CPU time, so a
+  ratio by CPU time tells memlab's cost from the host's weather (issue 51
+  asks for both);
 - and how many full (oldest-generation) collections CPython made during the
   tests: on a large heap one costs a few hundred milliseconds, and a suite
   whose heap sits just under the collector's threshold pays one more for
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import shutil
 import statistics
@@ -64,19 +70,19 @@ import atexit, gc, os, time
 import pytest
 
 _marks = []
-_last_end = [0.0]
+_last_end = [0.0, 0.0]
 _full = {}   # full collections so far, at the first test's start and the last one's end
 
 
 def _mark(name):
-    _marks.append((name, time.clock_gettime(time.CLOCK_MONOTONIC)))
+    _marks.append((name, time.clock_gettime(time.CLOCK_MONOTONIC), time.process_time()))
 
 
 def _write():
     _mark("atexit")
     with open(os.environ["MEMLAB_PHASE_MARKS"], "w") as f:
-        for name, t in _marks:
-            f.write(f"{t:.6f} {name}\\n")
+        for name, t, cpu in _marks:
+            f.write(f"{t:.6f} {cpu:.6f} {name}\\n")
         if "first" in _full:
             f.write(f"{_full.get('last', _full['first']) - _full['first']} full_collections_in_tests\\n")
 
@@ -92,21 +98,21 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logstart(nodeid, location):
-    if not any(name == "first_test" for name, _ in _marks):
+    if not any(m[0] == "first_test" for m in _marks):
         _mark("first_test")
         _full["first"] = gc.get_stats()[2]["collections"]
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logfinish(nodeid, location):
-    _last_end[0] = time.clock_gettime(time.CLOCK_MONOTONIC)
+    _last_end[:] = [time.clock_gettime(time.CLOCK_MONOTONIC), time.process_time()]
     _full["last"] = gc.get_stats()[2]["collections"]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtestloop(session):
     yield
-    _marks.append(("last_test", _last_end[0]))
+    _marks.append(("last_test", _last_end[0], _last_end[1]))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -117,17 +123,25 @@ def pytest_unconfigure(config):
 '''
 
 PHASES = ("start", "collect", "tests", "finish", "unconfigure", "atexit", "exit", "wall")
-COLUMNS = PHASES + ("full_gc",)
+# CPU seconds (user + system, every thread: time.process_time in the run,
+# the child's rusage for the whole): what a shared VM's stolen time and
+# other tenants move far less than walls
+CPU_PHASES = ("cpu_collect", "cpu_tests", "cpu_finish", "cpu")
+COLUMNS = PHASES + CPU_PHASES + ("full_gc",)
 
 
-def phases_of(marks: dict[str, float], spawned: float, ended: float) -> dict[str, float]:
-    first = marks.get("first_test", marks["collected"])
-    last = marks.get("last_test") or first
+def phases_of(marks: dict[str, float], cpu: dict[str, float], spawned: float, ended: float,
+              cpu_all: float) -> dict[str, float]:
+    first = "first_test" if "first_test" in marks else "collected"
+    last = "last_test" if marks.get("last_test") else first
     return {"start": marks["loaded"] - spawned, "collect": marks["collected"] - marks["loaded"],
-            "tests": last - first, "finish": marks["unconfigure_start"] - last,
+            "tests": marks[last] - marks[first], "finish": marks["unconfigure_start"] - marks[last],
             "unconfigure": marks["unconfigured"] - marks["unconfigure_start"],
             "atexit": marks["atexit"] - marks["unconfigured"], "exit": ended - marks["atexit"],
-            "wall": ended - spawned, "full_gc": marks.get("full_collections_in_tests", 0.0)}
+            "wall": ended - spawned,
+            "cpu_collect": cpu["collected"] - cpu["loaded"], "cpu_tests": cpu[last] - cpu[first],
+            "cpu_finish": cpu["unconfigure_start"] - cpu[last], "cpu": cpu_all,
+            "full_gc": marks.get("full_collections_in_tests", 0.0)}
 
 
 def main() -> int:
@@ -167,6 +181,7 @@ def main() -> int:
             junit = os.path.join(work, f"{name}.xml")
             cmd = [args.python, "-m", "pytest", "-q", "-p", "memlab_phase_marks", "-p", "no:cacheprovider",
                    *([] if args.no_junit else [f"--junitxml={junit}"]), *configs[name], *pytest_args]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             spawned = time.clock_gettime(time.CLOCK_MONOTONIC)
             run_env = dict(env, MEMLAB_PHASE_MARKS=marks_path)
             for var, value in config_env[name].items():   # a PYTHONPATH keeps the marks plugin's folder
@@ -174,12 +189,18 @@ def main() -> int:
             proc = subprocess.run(cmd, cwd=args.suite, env=run_env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             ended = time.clock_gettime(time.CLOCK_MONOTONIC)
-            marks = {}
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_all = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            marks, cpu = {}, {}
             try:
                 with open(marks_path) as f:
                     for line in f:
-                        t, mark = line.split()
-                        marks[mark] = float(t)
+                        words = line.split()
+                        if len(words) == 2:   # the count of full collections
+                            marks[words[1]] = float(words[0])
+                            continue
+                        t, c, mark = words
+                        marks[mark], cpu[mark] = float(t), float(c)
                 os.unlink(marks_path)
             except OSError:
                 marks = {}
@@ -189,7 +210,7 @@ def main() -> int:
             if not tests and not args.no_junit:
                 import xml.etree.ElementTree as ET
                 tests = sum(1 for _ in ET.parse(junit).getroot().iter("testcase"))
-            phases = phases_of(marks, spawned, ended)
+            phases = phases_of(marks, cpu, spawned, ended, cpu_all)
             if r < 0:   # the warm-up: not counted
                 print(f"warm-up {name:>12}: wall {phases['wall']:.3f}", flush=True)
                 continue
@@ -197,7 +218,7 @@ def main() -> int:
             if args.keep and not args.no_junit:
                 os.makedirs(args.keep, exist_ok=True)
                 shutil.copyfile(junit, os.path.join(args.keep, f"{name}-{r + 1}.xml"))
-            print(f"round {r + 1} {name:>12}: " + " ".join(f"{p} {phases[p]:.3f}" for p in PHASES)
+            print(f"round {r + 1} {name:>12}: " + " ".join(f"{p} {phases[p]:.3f}" for p in PHASES + CPU_PHASES)
                   + f" full_gc {phases['full_gc']:.0f}", flush=True)
     medians = {n: {p: statistics.median(x[p] for x in runs[n]) for p in COLUMNS} for n in names}
     ref = names[0]
@@ -212,6 +233,21 @@ def main() -> int:
         lines.append(f"| {n} - {ref}, ms (us a test) | " + " | ".join(
             f"{(medians[n][p] - medians[ref][p]) * 1e3:+.0f} ({(medians[n][p] - medians[ref][p]) * 1e6 / max(tests, 1):+.0f})"
             for p in PHASES) + f" | {medians[n]['full_gc'] - medians[ref]['full_gc']:+g} |")
+    lines += ["", "CPU seconds (user + system; the run's own time.process_time by phase, the child's rusage "
+              "for the whole process):", "",
+              "| configuration | " + " | ".join(CPU_PHASES) + " |", "|---" * (len(CPU_PHASES) + 1) + "|"]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(f"{medians[n][p]:.3f}" for p in CPU_PHASES) + " |")
+    for n in names[1:]:
+        lines.append(f"| {n} - {ref}, ms (us a test) | " + " | ".join(
+            f"{(medians[n][p] - medians[ref][p]) * 1e3:+.0f} ({(medians[n][p] - medians[ref][p]) * 1e6 / max(tests, 1):+.0f})"
+            for p in CPU_PHASES) + " |")
+        lines.append(f"| {n} / {ref} | " + " | ".join(
+            f"{medians[n][p] / medians[ref][p]:.3f}x" if medians[ref][p] else "" for p in CPU_PHASES) + " |")
+    for n in names[1:]:
+        lines.append("")
+        lines.append(f"{n} / {ref}: wall {medians[n]['wall'] / medians[ref]['wall']:.3f}x, "
+                     f"CPU {medians[n]['cpu'] / medians[ref]['cpu']:.3f}x (medians of {args.rounds})")
     text = "\n".join(lines)
     print_summary(text, args.out)
     return 0
