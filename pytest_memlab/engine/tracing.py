@@ -244,10 +244,8 @@ class Tracing:
         # A parked tracer still decides the code that first runs between
         # two measured tests (and disables what is out of scope): the path
         # rule stays in force for it until unpark.
-        if codes:
+        if codes or (paths and not parking):
             self._forget(paths and not parking, codes)
-        elif paths and not parking:   # (_forget's work for the path rule alone: every window on 3.11)
-            self.scope.paths_on = False
         if self.users == 0:
             engine.tracer_stop(park=park)
         elif paths or codes:
