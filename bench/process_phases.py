@@ -229,19 +229,22 @@ def main() -> int:
     for n in names:
         lines.append(f"| {n} | " + " | ".join(f"{medians[n][p]:.3f}" for p in PHASES)
                      + f" | {medians[n]['full_gc']:g} |")
+
+    def differences(n: str, columns: tuple) -> str:
+        """n's median less the reference's, in ms and in us a test, column by column."""
+        return " | ".join(f"{(medians[n][p] - medians[ref][p]) * 1e3:+.0f} "
+                          f"({(medians[n][p] - medians[ref][p]) * 1e6 / max(tests, 1):+.0f})" for p in columns)
+
     for n in names[1:]:
-        lines.append(f"| {n} - {ref}, ms (us a test) | " + " | ".join(
-            f"{(medians[n][p] - medians[ref][p]) * 1e3:+.0f} ({(medians[n][p] - medians[ref][p]) * 1e6 / max(tests, 1):+.0f})"
-            for p in PHASES) + f" | {medians[n]['full_gc'] - medians[ref]['full_gc']:+g} |")
+        lines.append(f"| {n} - {ref}, ms (us a test) | " + differences(n, PHASES)
+                     + f" | {medians[n]['full_gc'] - medians[ref]['full_gc']:+g} |")
     lines += ["", "CPU seconds (user + system; the run's own time.process_time by phase, the child's rusage "
               "for the whole process):", "",
               "| configuration | " + " | ".join(CPU_PHASES) + " |", "|---" * (len(CPU_PHASES) + 1) + "|"]
     for n in names:
         lines.append(f"| {n} | " + " | ".join(f"{medians[n][p]:.3f}" for p in CPU_PHASES) + " |")
     for n in names[1:]:
-        lines.append(f"| {n} - {ref}, ms (us a test) | " + " | ".join(
-            f"{(medians[n][p] - medians[ref][p]) * 1e3:+.0f} ({(medians[n][p] - medians[ref][p]) * 1e6 / max(tests, 1):+.0f})"
-            for p in CPU_PHASES) + " |")
+        lines.append(f"| {n} - {ref}, ms (us a test) | " + differences(n, CPU_PHASES) + " |")
         lines.append(f"| {n} / {ref} | " + " | ".join(
             f"{medians[n][p] / medians[ref][p]:.3f}x" if medians[ref][p] else "" for p in CPU_PHASES) + " |")
     for n in names[1:]:

@@ -131,6 +131,10 @@ def parse_marker(name: str, args: tuple, kwargs: dict) -> MemorySpec:
     return MemorySpec(**spec)
 
 
+# The marks of which only the closest counts (skipif: every one)
+_CLOSEST = frozenset(("cuda_memory", "cpu_memory", "skip"))
+
+
 def _read_marks(item) -> tuple[dict, list]:
     """item's marks in one walk of its chain, the test's own first (the
     order get_closest_marker reads them in): the closest mark of each memory
@@ -147,9 +151,6 @@ def _read_marks(item) -> tuple[dict, list]:
         elif name in _CLOSEST and name not in closest:
             closest[name] = mark
     return closest, skipifs
-
-
-_CLOSEST = frozenset(("cuda_memory", "cpu_memory", "skip"))
 
 
 def specs_for(item, closest: dict | None = None) -> tuple[MemorySpec, ...]:
