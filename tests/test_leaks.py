@@ -295,6 +295,32 @@ def pytest_unconfigure(config):
     print(f"full collections: {len(FULL)}, at the end: {sum(AT_END)}")
 """
 
+COUNT_HEAP_WALKS = """
+class _HeapWalks:
+    \"\"\"gc.get_objects() calls at the session's end: each a walk of the whole heap.\"\"\"
+
+    walks = 0
+
+    def _counting(self, *args, **kwargs):
+        self.walks += 1
+        return self.get_objects(*args, **kwargs)
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session):
+        self.get_objects, gc.get_objects = gc.get_objects, self._counting
+        try:
+            yield
+        finally:
+            gc.get_objects = self.get_objects
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config):
+        print(f"heap walks at the end: {self.walks}")
+
+def pytest_configure(config):
+    config.pluginmanager.register(_HeapWalks(), "heap-walks")
+"""
+
 CYCLES_CACHES_LEAKS = """
 DEV = "cuda" if torch.cuda.is_available() else "cpu"   # what --memlab measures an unmarked test on
 
@@ -375,10 +401,14 @@ def test_a_suspect_only_garbage_holds_at_the_end_is_settled_not_reported(inner):
     young collections: in the oldest generation) are no leak, even where
     that garbage is a class, whose attribute would read as a holder: the
     end settles the process first (one full collection) and finds nothing
-    held; the module-held leak beside them is still named."""
+    held; the module-held leak beside them is still named.  The collection
+    is heard freeing the garbage's blocks, so the leak left is proven held
+    from its module without a second walk of the heap (one walk in all:
+    the search before the collection, which could not prove the garbage
+    held)."""
     import json
 
-    inner.makeconftest(COUNT_FULL_COLLECTIONS)
+    inner.makeconftest(COUNT_FULL_COLLECTIONS + COUNT_HEAP_WALKS)
     inner.makepyfile(test_inner=HEADER + """
 import gc
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -402,6 +432,7 @@ def test_garbage():
     result.assert_outcomes(passed=2)
     out = result.stdout.str()
     assert ", at the end: 1" in out, out
+    assert "heap walks at the end: 1" in out.splitlines(), out
     result.stdout.fnmatch_lines(["*MemlabLeakWarning: * leaked 8.0 KiB after teardown (allowed 0 B) in "
                                  "test_inner.py::test_grows, confirmed at the session's end",
                                  "*held by: module test_inner, global _CACHE[[]0[]]"])

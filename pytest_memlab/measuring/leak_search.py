@@ -185,7 +185,7 @@ def find_many(core, device: str, groups: list, started: float | None = None,
 def find_held(core, device: str, groups: list, started: float | None = None,
               excused: set[int] = frozenset(), ignore_ids: set[int] = frozenset(),
               seconds: float = HOLDER_SECONDS, params: dict[int, str] | None = None,
-              alive: frozenset | None = None) -> list[Leak] | None:
+              alive: frozenset | None = None, walk: bool = True) -> list[Leak] | None:
     """find_many for deferred groups in a process not settled: the Leaks
     where every tensor found in the groups' blocks is proven held, by a
     path from a module's globals, or from a class or a function that its
@@ -195,14 +195,16 @@ def find_held(core, device: str, groups: list, started: float | None = None,
     (the caller settles the process and asks find_many).  A suite's
     suspects at its end are mostly caches and true leaks in module
     globals: this spares the full collection, the largest part of the
-    end's cost on a large heap."""
+    end's cost on a large heap.  walk=False: None as soon as a block has
+    no tensor that modules' globals reach (the heap is not walked)."""
     return _find_many(core, device, groups, started, excused, ignore_ids, seconds, True, proof=True, params=params,
-                      alive=alive)
+                      alive=alive, walk=walk)
 
 
 def _find_many(core, device: str, groups: list, started: float | None, excused: set[int],
                ignore_ids: set[int], seconds: float, deferred: bool, proof: bool = False,
-               params: dict[int, str] | None = None, alive: frozenset | None = None) -> list[Leak] | None:
+               params: dict[int, str] | None = None, alive: frozenset | None = None,
+               walk: bool = True) -> list[Leak] | None:
     torch = core.torch
     leaks, by_site, starts = [], [], []
     for g, (blocks, allowed) in enumerate(groups):
@@ -231,6 +233,8 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         tensors, named = quick
         proven = {id(t) for _, t in tensors}
         heap = None
+    elif not walk:
+        return None
     else:
         # One snapshot of the heap for the tensors and the holder search (each
         # gc.get_objects() of a large heap costs about 60 ms)

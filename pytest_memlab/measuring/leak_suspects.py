@@ -26,7 +26,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..engine.meters import Watch
+from ..engine.backend import BRIDGE
+from ..engine.meters import EngineMeter, Watch
 from ..judging.findings import Leak
 
 # Suspects past which the end settles the process before its one holder
@@ -124,7 +125,13 @@ class LeakSuspects:
         """[(suspect, Leak)] for every suspect: the Leak's bytes are what
         is still held (0: nothing was).  params: the session's parameter
         values (leak_search.parameter_roots), roots of the holder search."""
-        from .leak_search import allocated_blocks, find_held, find_many, released_by_pytest, settle
+        try:
+            return self._confirm(core, seconds, params)
+        finally:
+            self.forget()
+
+    def _confirm(self, core, seconds: float, params: dict[int, str] | None) -> list:
+        from .leak_search import allocated_blocks, find_held, find_many, released_by_pytest
 
         started = time.perf_counter()
         self._drop_gone()
@@ -132,7 +139,6 @@ class LeakSuspects:
         # every block gone (heard freed since): nothing is held, and the
         # figure says so like any other suspect's
         out = [(s, Leak(s.device, 0, s.allowed)) for s in self.pending if not s.blocks]
-        self.forget()
         if not suspects:
             return out
         by_device = {d: [s for s in suspects if s.device == d] for d in sorted({s.device for s in suspects})}
@@ -155,13 +161,47 @@ class LeakSuspects:
             else:
                 out += zip(group, leaks)
         if unsettled:
-            settle(core, unsettled)
+            self._settle(core, unsettled)
             excused, look_past = released_by_pytest(None)
             for device in unsettled:
-                group = by_device[device]
+                # The blocks the collection freed were heard going (the
+                # watch let go of them): those suspects held nothing.  What
+                # is left is mostly what modules hold, proven without a
+                # second walk of the heap where it is all so.
+                group = []
+                for s in by_device[device]:
+                    s.blocks = self._held_blocks(s)
+                    if s.blocks:
+                        group.append(s)
+                    else:
+                        out.append((s, Leak(s.device, 0, s.allowed)))
+                if not group:
+                    continue
                 alive[device] = allocated_blocks(core.torch, device)   # the collection freed some
-                leaks = find_many(core, device, [(s.blocks, s.allowed) for s in group], started,
-                                  excused, look_past, seconds=seconds, deferred=True, params=params,
-                                  alive=alive[device])
+                groups = [(s.blocks, s.allowed) for s in group]
+                leaks = find_held(core, device, groups, started, excused, look_past, params=params,
+                                  alive=alive[device], walk=False)
+                if leaks is None:
+                    leaks = find_many(core, device, groups, started, excused, look_past, seconds=seconds,
+                                      deferred=True, params=params, alive=alive[device])
                 out += zip(group, leaks)
         return sorted(out, key=lambda pair: pair[0].seq)
+
+    def _settle(self, core, devices: list) -> None:
+        """leak_search.settle with the engine listening on devices (a
+        scope open on each), so that the watch hears each suspect's block
+        that the collection frees: no sign of a leak, and no holder to
+        search for."""
+        from .leak_search import settle
+
+        listening = []
+        try:
+            if core.name == BRIDGE:
+                for device in devices:
+                    meter = EngineMeter(core, device, detached=True)
+                    meter.begin()
+                    listening.append(meter)
+            settle(core, devices)
+        finally:
+            for meter in reversed(listening):
+                meter.end()
