@@ -65,7 +65,7 @@ class MemorySpec:
 # any other GPU a test uses besides the devices it asked for: no budget, the
 # session's leak policy.
 UNMARKED = MemorySpec(kind="auto", device=None, leaks=None, marked=False)
-_UNMARKED_SPECS = (UNMARKED,)
+UNMARKED_SPECS = (UNMARKED,)
 
 
 def _parse_device(value: object) -> str | None:
@@ -226,7 +226,7 @@ def stash_specs(items, measure_all: bool, skipping: bool = True) -> list[str]:
             item.stash[BAD_MARKER] = f"pytest-memlab: bad memory marker\n  {item.nodeid}: {exc}"
             continue
         if not specs and (measure_all or "memlab" in getattr(item, "fixturenames", ())):
-            specs = _UNMARKED_SPECS
+            specs = UNMARKED_SPECS
         if specs and skipping and skipped_by_mark(closest, skipifs):
             specs = ()
             item.stash[SKIPPED_BY_MARK] = True

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import pytest
 
-from .engine.backend import core, restore, session_started, unpark
+from .devices import cuda_available
+from .engine.backend import BRIDGE, core, restore, session_started, unpark
 from .engine.tracing import WINDOWED, tracing
 from .judging.verdicts import MemlabLeakWarning, Verdicts
 from .markers import BAD_MARKER, MARKERS, SKIPPED_BY_MARK, SPECS, bad_markers, stash_specs
 from .measuring.measurement import Measurement
 from .measuring.out_of_memory import Observer as OutOfMemory
 from .measuring.out_of_memory import out_of_memory_words
+from .measuring.plain_run import PLAIN_SPECS, PlainRun, plain_runs_allowed
 from .measuring.run import TestRun
 from .options import Options, add_options
 from .reports.results import details, encode
@@ -81,8 +83,9 @@ class MemlabPlugin:
         # objects 0.3 s more.
         config.add_cleanup(self.session.resume_collector)
         self.verdicts = Verdicts(options, self.session)
-        self._running: tuple | None = None    # (item, TestRun) of the test being measured
-        self.current: Measurement | None = None   # its measurement until teardown ends
+        self._running: tuple | None = None    # (item, TestRun or PlainRun) of the test being measured
+        self.current: Measurement | None = None   # its measurement until teardown ends (a TestRun's)
+        self._plain: bool | None = None   # whether unmarked tests may run plain (asked at the first)
         # Hooks that only some runs need are registered only there: each
         # hook implementation costs every test pluggy's call, even one that
         # returns at once.
@@ -131,15 +134,48 @@ class MemlabPlugin:
     def running(self, item) -> TestRun | None:
         """The TestRun of item's protocol, while memlab measures it (one
         test at a time per process; an attribute, not the item's stash:
-        several hooks ask for it in every test)."""
+        several hooks ask for it in every test).  A plain run becomes one
+        here: whoever asks needs more than its figures."""
         current = self._running
-        return current[1] if current is not None and current[0] is item else None
+        if current is None or current[0] is not item:
+            return None
+        run = current[1]
+        if run.__class__ is PlainRun:
+            run = TestRun.adopt(run, core(), self.options, self.session)
+            self._running = (item, run)
+            self.current = run.measurement
+            OutOfMemory.run = run
+        return run
+
+    def _plain_runs(self) -> bool:
+        """Whether this session's unmarked tests may run plain
+        (measuring/plain_run.py), decided at its first measured test."""
+        if self._plain is None:
+            options, session = self.options, self.session
+            try:
+                c = core()
+                self._plain = (not WINDOWED and c.name == BRIDGE and not cuda_available(c)
+                               and session.baseline is None and session.ranks is None
+                               and not options.detail and not options.kinds_kept and not options.top_lines
+                               and options.snapshot is None and not options.leak_repeat and not options.pack
+                               and plain_runs_allowed())
+            except Exception:   # the general run meets it too, and says what it is
+                self._plain = False
+        return self._plain
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item):
         specs = item.stash.get(SPECS, None)
+        location = (str(item.path), item.location[1] + 1) if specs else None
+        if specs is PLAIN_SPECS and self._plain_runs():
+            plain = PlainRun(item.nodeid, location, item)
+            if plain.begin(core(), self.session):
+                self._running = (item, plain)
+                self.current = None
+                OutOfMemory.run = None
+                return (yield)
         if specs:
-            run = TestRun(specs, nodeid=item.nodeid, location=(str(item.path), item.location[1] + 1), item=item)
+            run = TestRun(specs, nodeid=item.nodeid, location=location, item=item)
             self._running = (item, run)
             required = run.begin(core, self.options, self.session)
             self.current = run.measurement
@@ -165,6 +201,9 @@ class MemlabPlugin:
             # window (nothing is counted for it: the teardown's window is
             # 3.11's); kornia's tests set up about nine a test
             return (yield)
+        running = self._running
+        if running is not None and running[1].__class__ is PlainRun:
+            self.running(running[0])   # a broader fixture is measured apart: the general run does it
         if self.current is None or (fixturedef.scope == "function"
                                     and getattr(fixturedef.func, "__module__", "").startswith("_pytest.")):
             # pytest's own function fixtures, a parametrized argument's
@@ -194,6 +233,20 @@ class MemlabPlugin:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem):
+        current = self._running
+        if current is not None and current[0] is item and current[1].__class__ is PlainRun:
+            try:
+                result = yield
+            except BaseException:   # a failed teardown: the general run tells it
+                self._end(item, self.running(item))
+                raise
+            plain = current[1]
+            if plain.end():
+                if plain.traced not in (True, False):   # why the tracer could not run
+                    self.session.trace_notes.add(plain.traced)
+            else:   # it left something, or a child wrote: the general run ends it
+                self._end(item, self.running(item))
+            return result
         run = self.running(item)
         if run is None or run.measurement is None:
             return (yield)
@@ -203,25 +256,32 @@ class MemlabPlugin:
                     return (yield)
             return (yield)
         finally:
-            self.current = None
-            OutOfMemory.run = None
-            try:
-                allowed = self.verdicts.leak_allowances(run)
-            except Exception as exc:  # memlab's trouble, never the test's
-                allowed, run.error = {}, f"the leak check failed: {type(exc).__name__}: {exc}"
-            run.end(item, allowed, self.options.top)
-            try:
-                for device, blocks in run.suspects.items():
-                    self.session.suspects.add(item.nodeid, device, blocks, allowed[device], run.location)
-                for device, blocks in run.measurement.left.items():
-                    self.session.suspects.add_left(item.nodeid, device, blocks)
-            except Exception as exc:  # memlab's trouble, never the test's
-                run.suspects = {}
-                run.error = run.error or f"the leak check failed: {type(exc).__name__}: {exc}"
-            if run.measurement.trace_note:
-                self.session.trace_notes.add(run.measurement.trace_note)
-            if self.options.snapshot is not None:
-                run.write_snapshots(self.options.snapshot)
+            self._end(item, run)
+
+    def _end(self, item, run: TestRun) -> None:
+        """After teardown: the leak check, the figures, the session's
+        suspects and notes."""
+        self.current = None
+        OutOfMemory.run = None
+        if run.measurement is None:   # (a plain run the general one could not take over)
+            return
+        try:
+            allowed = self.verdicts.leak_allowances(run)
+        except Exception as exc:  # memlab's trouble, never the test's
+            allowed, run.error = {}, f"the leak check failed: {type(exc).__name__}: {exc}"
+        run.end(item, allowed, self.options.top)
+        try:
+            for device, blocks in run.suspects.items():
+                self.session.suspects.add(item.nodeid, device, blocks, allowed[device], run.location)
+            for device, blocks in run.measurement.left.items():
+                self.session.suspects.add_left(item.nodeid, device, blocks)
+        except Exception as exc:  # memlab's trouble, never the test's
+            run.suspects = {}
+            run.error = run.error or f"the leak check failed: {type(exc).__name__}: {exc}"
+        if run.measurement.trace_note:
+            self.session.trace_notes.add(run.measurement.trace_note)
+        if self.options.snapshot is not None:
+            run.write_snapshots(self.options.snapshot)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -239,9 +299,19 @@ class MemlabPlugin:
                     item.session.testsfailed -= 1
             if call.when == "teardown":
                 release_cached_gpu_memory(item.config.workerinput.get("memlab_kept_cache") or KEPT_CACHE_BYTES)
-        run = self.running(item)
-        if run is None:
+        current = self._running
+        if current is None or current[0] is not item:
             return report
+        run = current[1]
+        if run.__class__ is PlainRun:
+            if run.figures is not None or (call.when == "teardown" and run.error):   # it ended plain
+                if report.outcome == "failed":
+                    run.user_failed = True
+                self._report(item, report, run.result(self.options.top))
+                return report
+            if report.outcome != "failed" and call.excinfo is None:
+                return report   # (a passing setup or call: the general run does nothing either)
+            run = self.running(item)
         failed = report.outcome == "failed"
         if failed:
             run.user_failed = True   # memlab has not judged yet: this failure is the test's
@@ -280,14 +350,18 @@ class MemlabPlugin:
                 for device, d in result.devices.items():   # for packed runs: the copies each worker holds
                     if d.measured:
                         d.fixtures = broad.of_test(item, device)
-            report.user_properties.extend(encode(result))
-            if self.session.worker is not None:   # the controller's reports read the rest
-                report.memlab_details = details(result)
-            self.session.made(result)
-            # Keeping every test's measurement would grow what the garbage
-            # collector walks.
-            self._running = None
+            self._report(item, report, result)
         return report
+
+    def _report(self, item, report, result) -> None:
+        """The teardown report carries the test's result."""
+        report.user_properties.extend(encode(result))
+        if self.session.worker is not None:   # the controller's reports read the rest
+            report.memlab_details = details(result)
+        self.session.made(result)
+        # Keeping every test's measurement would grow what the garbage
+        # collector walks.
+        self._running = None
 
     # -- the session ----------------------------------------------------------
     @pytest.hookimpl(optionalhook=True)

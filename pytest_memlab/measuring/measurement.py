@@ -126,6 +126,19 @@ class Measurement:
             if not WINDOWED:
                 self._trace_on()
 
+    def adopt(self, scope_id: int, t0: float, collections: tuple, traced: bool | str) -> None:
+        """begin's state, for the one meter's scope that a plain run
+        opened, as begin opens it (plain_run.py): the tracer held where
+        traced is True, else traced is why it could not run."""
+        self._t0, self._collections = t0, collections
+        (meter,) = self.meters.values()
+        meter.scope_id = scope_id
+        if self.trace:
+            if traced is True:
+                self._tracing, self._traced_once = 1, True
+            else:
+                self.trace_note = traced
+
     def _trace_on(self) -> None:
         if self._tracing == 0:
             if not tracing.acquire(paths=True):

@@ -86,38 +86,10 @@ class TestRun:
         that MEMLAB_CORE required is missing (memlab's other trouble is
         kept in error: the test then runs unmeasured)."""
         try:
-            c = core()
-            if not session.backend:   # (saw_backend's own first question: every measured test asks)
-                session.saw_backend(c)
-            requested = [default_device(c) if spec.kind == "auto" else spec.device for spec in self.specs]
-            # Every GPU the test uses is measured: the others it did not ask
-            # for too (kept only if it allocated there: TestRun.end).  A
-            # test of the CPU alone, most on a machine without CUDA, asks
-            # nothing.
-            others = other_gpus(c, requested) if c.name == BRIDGE and requested != _CPU_ALONE else []
-            measurement = Measurement(c, list(dict.fromkeys(requested)) + others, park=True, timeline=True,
-                                      log=options.snapshot is not None, others=tuple(others),
-                                      lines=options.top_lines, lines_top=options.top)
-            resolved = measurement.resolved
-            self.devices = [(spec, resolved[r]) for spec, r in zip(self.specs, requested)]
-            self.devices += [(UNMARKED, d) for d in others]
-            self.others = others
-            self.names = {resolved[r]: r for r in [*requested, *others]}
-            # (a list, not a generator, here and in end: 3.12 runs a list
-            # comprehension inline, with no frame of its own, in every test)
-            self.judged = session.baseline is not None or any([spec.marked for spec in self.specs])
+            measurement = self._prepare(core(), options, session)
             measurement.begin()
             self.cpu_failed = cpu_failure_count(measurement)
-            # Memory by kind where something reads it: a report or a
-            # baseline keeps it, a verdict's message tells it (a budget, a
-            # baseline's regression).  Else no phase hook and no
-            # allocation log (about 0.1 ms a test with a forward pass).
-            if measurement.trace and (self.judged or options.kinds_kept):
-                followed = {d: m for d, m in measurement.meters.items()
-                            if m.__class__ is EngineMeter and m.timeline}
-                if followed:
-                    self.kind_walk = KindWalk(followed)
-                    tracing.phase_hook(self.kind_walk)
+            self._follow_kinds(measurement, options)
             children = session.children
             if children is not None and measurement.meters:
                 try:
@@ -133,6 +105,62 @@ class TestRun:
             return None
         self.measurement = measurement
         return None
+
+    @classmethod
+    def adopt(cls, plain, core, options, session) -> "TestRun":
+        """The run a plain run becomes once its test needs more than its
+        figures (plain_run.py): its scope, tracer, children's arming and
+        counts taken over as they are, as if begin had opened them."""
+        run = cls(plain.specs, nodeid=plain.nodeid, location=plain.location, item=plain.item)
+        try:
+            measurement = run._prepare(core, options, session)
+            measurement.adopt(plain.scope, plain.t0, plain.collections, plain.traced)
+        except Exception as exc:   # memlab's trouble, never the test's: it ends unmeasured
+            plain.abandon()
+            run.error = f"{type(exc).__name__}: {exc}"
+            return run
+        run.cpu_failed = plain.cpu_failed
+        run._follow_kinds(measurement, options)
+        # (plain's end disarms first, as end does: what it heard is kept)
+        run.armed, run.watch, run.children, run.error = plain.armed, plain.watch, plain.children, plain.error
+        run.measurement = measurement
+        return run
+
+    def _prepare(self, c, options, session) -> Measurement:
+        """The measurement of the test's devices, not begun; the run's
+        devices, names and whether anything judges it."""
+        if not session.backend:   # (saw_backend's own first question: every measured test asks)
+            session.saw_backend(c)
+        requested = [default_device(c) if spec.kind == "auto" else spec.device for spec in self.specs]
+        # Every GPU the test uses is measured: the others it did not ask
+        # for too (kept only if it allocated there: TestRun.end).  A
+        # test of the CPU alone, most on a machine without CUDA, asks
+        # nothing.
+        others = other_gpus(c, requested) if c.name == BRIDGE and requested != _CPU_ALONE else []
+        measurement = Measurement(c, list(dict.fromkeys(requested)) + others, park=True, timeline=True,
+                                  log=options.snapshot is not None, others=tuple(others),
+                                  lines=options.top_lines, lines_top=options.top)
+        resolved = measurement.resolved
+        self.devices = [(spec, resolved[r]) for spec, r in zip(self.specs, requested)]
+        self.devices += [(UNMARKED, d) for d in others]
+        self.others = others
+        self.names = {resolved[r]: r for r in [*requested, *others]}
+        # (a list, not a generator, here and in end: 3.12 runs a list
+        # comprehension inline, with no frame of its own, in every test)
+        self.judged = session.baseline is not None or any([spec.marked for spec in self.specs])
+        return measurement
+
+    def _follow_kinds(self, measurement: Measurement, options) -> None:
+        """Memory by kind where something reads it: a report or a baseline
+        keeps it, a verdict's message tells it (a budget, a baseline's
+        regression).  Else no phase hook and no allocation log (about 0.1
+        ms a test with a forward pass)."""
+        if measurement.trace and (self.judged or options.kinds_kept):
+            followed = {d: m for d, m in measurement.meters.items()
+                        if m.__class__ is EngineMeter and m.timeline}
+            if followed:
+                self.kind_walk = KindWalk(followed)
+                tracing.phase_hook(self.kind_walk)
 
     # -- user code -----------------------------------------------------------------
     def fixture_begin(self, scope: str, the_tests: bool) -> list:

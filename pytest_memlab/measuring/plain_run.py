@@ -1,0 +1,168 @@
+"""A plain test's run: the commonest measured test on a machine without
+CUDA, measured with the fewest steps that its figures need.
+
+An unmarked test (``--memlab``) measured on the CPU alone, in a session
+where nothing reads more of it than its figures (no baseline, no JSON or
+HTML report, no terminal table, no snapshot, no repetitions, no packing,
+no ranks) and on Python 3.12+ (whose tracer needs no windows), runs plain:
+its engine scope, the tracer and the children's arming are opened as
+:meth:`.run.TestRun.begin` opens them, without the objects that the
+general path builds around them.  A test that turns out to need more (the
+``memlab`` fixture, a broader fixture measured apart, a failure, anything
+left allocated after teardown, a child process's figures, a failed CPU
+request) becomes a :class:`.run.TestRun` at that moment
+(:meth:`~.run.TestRun.adopt`), which takes the open scope over as it is,
+so that from there on everything is the general path's.
+
+Each step of a measured test costs about a microsecond in place on a large
+heap (pytest's own work between tests leaves memlab's code and data out of
+the caches): the general path's objects and layers were about half of what
+a plain test cost there (bench/RESULTS.md, issue 51).
+
+``MEMLAB_PLAIN_RUNS=off`` runs every test the general way (the benchmark
+and the tests compare the two, test for test).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+from .. import _engine as engine
+from ..children.gathering import StartupHookMissing
+from ..devices import CPU
+from ..engine.backend import BRIDGE
+from ..engine.meters import DeviceFigures, leave_out_kept, peak_without_kept
+from ..engine.slots import SLOT_CPU
+from ..engine.tracing import tracing
+from ..markers import UNMARKED, UNMARKED_SPECS
+from ..reports.results import DeviceResult, TestResult
+
+PLAIN_SPECS = UNMARKED_SPECS   # markers' one tuple of every unmarked test's specs
+
+
+def plain_runs_allowed() -> bool:
+    return os.environ.get("MEMLAB_PLAIN_RUNS", "on").strip().lower() not in ("off", "0", "no")
+
+
+class PlainRun:
+    """One run of a plain test's protocol (see the module's text)."""
+
+    __slots__ = ("specs", "nodeid", "location", "item", "bridge", "scope", "t0", "collections", "traced",
+                 "cpu_failed", "armed", "watch", "children", "error", "user_failed", "figures", "phases")
+
+    def __init__(self, nodeid: str, location: tuple, item):
+        self.specs = PLAIN_SPECS
+        self.nodeid = nodeid
+        self.location = location
+        self.item = item
+        self.bridge = None
+        self.scope = 0
+        self.t0 = 0.0
+        self.collections = (0, 0)
+        self.traced: bool | str = False   # True: the tracer is held; else why it could not run
+        self.cpu_failed = 0
+        self.armed: tuple | None = None
+        self.watch = None
+        self.children: list | tuple = ()
+        self.error = ""
+        self.user_failed = False
+        self.figures: DeviceFigures | None = None   # once it ended plain
+        self.phases: dict = {}
+
+    def begin(self, core, session) -> bool:
+        """Measurement.begin's and TestRun.begin's steps for the CPU alone,
+        in their order; False (nothing left open) where the scope could not
+        be opened: the general run then tries, and says why."""
+        if not session.backend:
+            session.saw_backend(core)
+        bridge = self.bridge = core.bridge
+        self.t0 = time.perf_counter()
+        self.collections = gc.get_count()[1:]
+        try:
+            if bridge.cpu_allocator is None:   # given back at an earlier session's end
+                bridge.install_cpu_allocator()
+            self.scope = bridge.open_scope(SLOT_CPU, False, -1, -1, True, 0)
+        except Exception:
+            return False
+        tracing.reset_lines()
+        self.traced = True if tracing.acquire(paths=True) else tracing.off_reason
+        self.cpu_failed = engine.failed(SLOT_CPU)[0]
+        children = session.children
+        if children is not None:
+            try:
+                self.armed = children.arm(_CPU_ALONE)
+                self.watch = children
+            except StartupHookMissing as exc:
+                session.children_hook_missing(str(exc))
+        return True
+
+    def end(self) -> bool:
+        """After teardown: the figures, where the test left nothing
+        allocated, failed no CPU request and started no child that wrote;
+        else False, its scope still open, for the general run to end
+        (TestRun.end's steps, in its order)."""
+        if self.armed is not None:
+            try:
+                self.children = self.watch.disarm(self.armed) or ()
+            except Exception as exc:
+                self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
+            self.armed = None
+        scope = self.scope
+        if self.children or self.error or engine.live(SLOT_CPU, scope) \
+                or engine.failed(SLOT_CPU)[0] != self.cpu_failed:
+            return False
+        raw = engine.kept(SLOT_CPU, scope)
+        if raw is not None and raw[1]:
+            return False
+        try:
+            s = self.bridge.close_scope(SLOT_CPU, scope, True)
+        except Exception as exc:
+            self.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
+            s = None
+        try:
+            if self.traced is True:
+                self.traced = False
+                tracing.release(paths=True, park=True)
+        except Exception as exc:  # a scope decision raised: say so
+            self.error = self.error or f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
+        if s is None:
+            return True
+        figures = self.figures = DeviceFigures(
+            device=CPU, measured=True, backend=BRIDGE,
+            peak=s["peak"], peak_total=s["peak_total"], total_at_peak=s["total_at_peak"],
+            reserved_peak=s["reserved_peak"], start_total=s["start_total"], live=s["live"],
+            allocs=s["allocs"], frees=s["frees"], seq_at_peak=s["seq_at_peak"])
+        kept = peak_without_kept(raw)
+        if kept is not None:
+            leave_out_kept(figures, kept)
+        elif figures.peak is not None and figures.live == 0:
+            figures.peak_with_kept, figures.kept = figures.peak, 0
+        return True
+
+    def abandon(self) -> None:
+        """Closes what begin opened (the general run could not take it over)."""
+        try:
+            if self.armed is not None:
+                self.watch.disarm(self.armed)
+                self.armed = None
+            self.bridge.close_scope(SLOT_CPU, self.scope, True)
+        finally:
+            if self.traced is True:
+                self.traced = False
+                tracing.release(paths=True, park=True)
+
+    def result(self, top: int) -> TestResult:
+        """TestRun.result's for this run: its one device's figures."""
+        result = TestResult(self.nodeid, memlab_error=self.error, user_failed=self.user_failed)
+        figures = self.figures
+        if figures is not None:
+            d = result.devices[CPU] = DeviceResult.from_figures(figures, UNMARKED, top)
+            d.name = CPU
+            if figures.kept == 0:
+                d.first_use = 0
+        return result
+
+
+_CPU_ALONE = [CPU]
