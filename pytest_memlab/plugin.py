@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import pytest
 
-from .devices import cuda_available
-from .engine.backend import BRIDGE, core, restore, session_started, unpark
+from .engine.backend import core, restore, session_started, unpark
 from .engine.tracing import WINDOWED, tracing
 from .judging.verdicts import MemlabLeakWarning, Verdicts
 from .markers import BAD_MARKER, MARKERS, SKIPPED_BY_MARK, SPECS, bad_markers, stash_specs
 from .measuring.measurement import Measurement
 from .measuring.out_of_memory import Observer as OutOfMemory
 from .measuring.out_of_memory import out_of_memory_words
-from .measuring.plain_run import PLAIN_SPECS, PlainRun, plain_runs_allowed
+from .measuring.plain_run import PLAIN_SPECS, PlainRun, plain_runs_possible
 from .measuring.run import TestRun
 from .options import Options, add_options
 from .reports.results import details, encode
@@ -147,33 +146,25 @@ class MemlabPlugin:
             OutOfMemory.run = run
         return run
 
-    def _plain_runs(self) -> bool:
-        """Whether this session's unmarked tests may run plain
-        (measuring/plain_run.py), decided at its first measured test."""
-        if self._plain is None:
-            options, session = self.options, self.session
-            try:
-                c = core()
-                self._plain = (not WINDOWED and c.name == BRIDGE and not cuda_available(c)
-                               and session.baseline is None and session.ranks is None
-                               and not options.detail and not options.kinds_kept and not options.top_lines
-                               and options.snapshot is None and not options.leak_repeat and not options.pack
-                               and plain_runs_allowed())
-            except Exception:   # the general run meets it too, and says what it is
-                self._plain = False
-        return self._plain
-
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item):
         specs = item.stash.get(SPECS, None)
         location = (str(item.path), item.location[1] + 1) if specs else None
-        if specs is PLAIN_SPECS and self._plain_runs():
-            plain = PlainRun(item.nodeid, location, item)
-            if plain.begin(core(), self.session):
-                self._running = (item, plain)
-                self.current = None
-                OutOfMemory.run = None
-                return (yield)
+        if specs is PLAIN_SPECS:
+            plain = self._plain
+            if plain is None:   # (the session's first measured test)
+                try:
+                    plain = plain_runs_possible(core(), self.options, self.session)
+                except Exception:   # the general run meets it too, and says what it is
+                    plain = False
+                self._plain = plain
+            if plain:
+                run = PlainRun(item.nodeid, location, item)
+                if run.begin(core(), self.session):
+                    self._running = (item, run)
+                    self.current = None
+                    OutOfMemory.run = None
+                    return (yield)
         if specs:
             run = TestRun(specs, nodeid=item.nodeid, location=location, item=item)
             self._running = (item, run)
@@ -234,54 +225,48 @@ class MemlabPlugin:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem):
         current = self._running
-        if current is not None and current[0] is item and current[1].__class__ is PlainRun:
-            try:
-                result = yield
-            except BaseException:   # a failed teardown: the general run tells it
-                self._end(item, self.running(item))
-                raise
-            plain = current[1]
-            if plain.end():
-                if plain.traced not in (True, False):   # why the tracer could not run
-                    self.session.trace_notes.add(plain.traced)
-            else:   # it left something, or a child wrote: the general run ends it
-                self._end(item, self.running(item))
-            return result
-        run = self.running(item)
-        if run is None or run.measurement is None:
-            return (yield)
+        plain = current[1] if current is not None and current[0] is item else None
+        if plain.__class__ is PlainRun:
+            run = None
+        else:
+            run, plain = self.running(item), None
+            if run is None or run.measurement is None:
+                return (yield)
         try:
+            if plain is not None:
+                result = yield
+                if plain.end():   # else it left something, or a child wrote: the general run ends it
+                    if plain.traced not in (True, False):   # why the tracer could not run
+                        self.session.trace_notes.add(plain.traced)
+                    plain = None
+                return result
             if run.fixtures:  # only fixture finalizers run user code here
                 with run.measurement.window():
                     return (yield)
             return (yield)
         finally:
-            self._end(item, run)
-
-    def _end(self, item, run: TestRun) -> None:
-        """After teardown: the leak check, the figures, the session's
-        suspects and notes."""
-        self.current = None
-        OutOfMemory.run = None
-        if run.measurement is None:   # (a plain run the general one could not take over)
-            return
-        try:
-            allowed = self.verdicts.leak_allowances(run)
-        except Exception as exc:  # memlab's trouble, never the test's
-            allowed, run.error = {}, f"the leak check failed: {type(exc).__name__}: {exc}"
-        run.end(item, allowed, self.options.top)
-        try:
-            for device, blocks in run.suspects.items():
-                self.session.suspects.add(item.nodeid, device, blocks, allowed[device], run.location)
-            for device, blocks in run.measurement.left.items():
-                self.session.suspects.add_left(item.nodeid, device, blocks)
-        except Exception as exc:  # memlab's trouble, never the test's
-            run.suspects = {}
-            run.error = run.error or f"the leak check failed: {type(exc).__name__}: {exc}"
-        if run.measurement.trace_note:
-            self.session.trace_notes.add(run.measurement.trace_note)
-        if self.options.snapshot is not None:
-            run.write_snapshots(self.options.snapshot)
+            self.current = None
+            OutOfMemory.run = None
+            if plain is not None:   # a plain run that did not end plain (or whose teardown failed)
+                run = self.running(item)
+            if run is not None and run.measurement is not None:
+                try:
+                    allowed = self.verdicts.leak_allowances(run)
+                except Exception as exc:  # memlab's trouble, never the test's
+                    allowed, run.error = {}, f"the leak check failed: {type(exc).__name__}: {exc}"
+                run.end(item, allowed, self.options.top)
+                try:
+                    for device, blocks in run.suspects.items():
+                        self.session.suspects.add(item.nodeid, device, blocks, allowed[device], run.location)
+                    for device, blocks in run.measurement.left.items():
+                        self.session.suspects.add_left(item.nodeid, device, blocks)
+                except Exception as exc:  # memlab's trouble, never the test's
+                    run.suspects = {}
+                    run.error = run.error or f"the leak check failed: {type(exc).__name__}: {exc}"
+                if run.measurement.trace_note:
+                    self.session.trace_notes.add(run.measurement.trace_note)
+                if self.options.snapshot is not None:
+                    run.write_snapshots(self.options.snapshot)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -303,65 +288,64 @@ class MemlabPlugin:
         if current is None or current[0] is not item:
             return report
         run = current[1]
+        result = None
         if run.__class__ is PlainRun:
-            if run.figures is not None or (call.when == "teardown" and run.error):   # it ended plain
+            if run.done:   # it ended plain
                 if report.outcome == "failed":
                     run.user_failed = True
-                self._report(item, report, run.result(self.options.top))
-                return report
-            if report.outcome != "failed" and call.excinfo is None:
+                result = run.result(self.options.top)
+            elif report.outcome != "failed" and call.excinfo is None:
                 return report   # (a passing setup or call: the general run does nothing either)
-            run = self.running(item)
-        failed = report.outcome == "failed"
-        if failed:
-            run.user_failed = True   # memlab has not judged yet: this failure is the test's
-        when = call.when
-        if call.excinfo is not None or (run.out_of_memory and when == "teardown"):
-            run.explain_out_of_memory(report, call, self.session, core, self.options.top)
-        if when == "setup":
-            return report
-        if when == "call":
-            if failed or call.excinfo is not None:
-                run.call_failed = True
-                if call.excinfo is not None:
-                    run.failure = call.excinfo.tb
-            if run.armed is not None and (run.judged or failed):   # (peek_children's own first question)
-                run.peek_children(failed)
+            else:
+                run = self.running(item)
+        if result is None:
+            failed = report.outcome == "failed"
             if failed:
-                run.children_out_of_memory(report)
-        if when == "teardown" and self.session.ranks is not None:   # measured or not: every rank's turn
-            try:
-                self.session.exchange(run)
-            except Exception as exc:  # memlab's trouble, never the test's
-                run.error = run.error or f"the ranks' figures were not exchanged: {type(exc).__name__}: {exc}"
-        # (judge's own first question, asked here: an unmarked test with
-        # no baseline that left nothing behind, most tests, has nothing to judge)
-        if run.judged or run.leaks or run.growth:
-            try:
-                self.verdicts.judge(run, report, final=when == "teardown")
-            except Exception as exc:  # memlab's trouble, never the test's
-                run.error = run.error or f"judging failed: {type(exc).__name__}: {exc}"
-        if when == "teardown":
-            options = self.options
-            result = run.result(options.top, options.details if options.detail else "",
-                                self.session.baseline is not None, options.update_baseline)
-            broad = self.session.broad_fixtures
-            if (self.session.baseline is not None or options.pack) and broad.known:
-                for device, d in result.devices.items():   # for packed runs: the copies each worker holds
-                    if d.measured:
-                        d.fixtures = broad.of_test(item, device)
-            self._report(item, report, result)
+                run.user_failed = True   # memlab has not judged yet: this failure is the test's
+            when = call.when
+            if call.excinfo is not None or (run.out_of_memory and when == "teardown"):
+                run.explain_out_of_memory(report, call, self.session, core, self.options.top)
+            if when == "setup":
+                return report
+            if when == "call":
+                if failed or call.excinfo is not None:
+                    run.call_failed = True
+                    if call.excinfo is not None:
+                        run.failure = call.excinfo.tb
+                if run.armed is not None and (run.judged or failed):   # (peek_children's own first question)
+                    run.peek_children(failed)
+                if failed:
+                    run.children_out_of_memory(report)
+            if when == "teardown" and self.session.ranks is not None:   # measured or not: every rank's turn
+                try:
+                    self.session.exchange(run)
+                except Exception as exc:  # memlab's trouble, never the test's
+                    run.error = run.error or f"the ranks' figures were not exchanged: {type(exc).__name__}: {exc}"
+            # (judge's own first question, asked here: an unmarked test with
+            # no baseline that left nothing behind, most tests, has nothing to judge)
+            if run.judged or run.leaks or run.growth:
+                try:
+                    self.verdicts.judge(run, report, final=when == "teardown")
+                except Exception as exc:  # memlab's trouble, never the test's
+                    run.error = run.error or f"judging failed: {type(exc).__name__}: {exc}"
+            if when == "teardown":
+                options = self.options
+                result = run.result(options.top, options.details if options.detail else "",
+                                    self.session.baseline is not None, options.update_baseline)
+                broad = self.session.broad_fixtures
+                if (self.session.baseline is not None or options.pack) and broad.known:
+                    for device, d in result.devices.items():   # for packed runs: the copies each worker holds
+                        if d.measured:
+                            d.fixtures = broad.of_test(item, device)
+        if result is not None:   # the teardown report carries the test's result
+            report.user_properties.extend(encode(result))
+            if self.session.worker is not None:   # the controller's reports read the rest
+                report.memlab_details = details(result)
+            self.session.made(result)
+            # Keeping every test's measurement would grow what the garbage
+            # collector walks.
+            self._running = None
         return report
-
-    def _report(self, item, report, result) -> None:
-        """The teardown report carries the test's result."""
-        report.user_properties.extend(encode(result))
-        if self.session.worker is not None:   # the controller's reports read the rest
-            report.memlab_details = details(result)
-        self.session.made(result)
-        # Keeping every test's measurement would grow what the garbage
-        # collector walks.
-        self._running = None
 
     # -- the session ----------------------------------------------------------
     @pytest.hookimpl(optionalhook=True)

@@ -24,7 +24,7 @@ LAYERS = [
     ("measuring", ["measuring/broad_fixtures", "measuring/leak_search", "measuring/leak_suspects",
                    "measuring/measurement", "measuring/memory_kinds", "measuring/out_of_memory", "measuring/__init__", "markers"]),
     ("children", ["children/"]),
-    ("a test's run", ["measuring/run"]),
+    ("a test's run", ["measuring/run", "measuring/plain_run"]),
     ("session", ["session/", "options"]),
     ("top", ["plugin", "__main__"]),
 ]

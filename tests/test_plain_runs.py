@@ -3,6 +3,7 @@ runs with the fewest steps, and becomes the general run when it needs more.
 Every test's outcome, junit figures, warnings and summary are those of the
 general path (``MEMLAB_PLAIN_RUNS=off``), test for test."""
 
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -143,8 +144,9 @@ def _junit(path) -> dict:
 
 
 def _memlab_section(text: str) -> str:
-    """What memlab printed (its warnings and summary), durations left out."""
-    words = text.split("warnings summary")[-1]
+    """What memlab printed (its warnings and summary), durations and the
+    addresses of objects in failures' texts left out."""
+    words = re.sub(r"0x[0-9a-f]+", "0x", text.split("warnings summary")[-1])
     return "\n".join(line for line in words.splitlines() if not (" in " in line and "passed" in line)
                      and "generated xml file" not in line and "plain ends" not in line)
 

@@ -126,13 +126,12 @@ class Measurement:
             if not WINDOWED:
                 self._trace_on()
 
-    def adopt(self, scope_id: int, t0: float, collections: tuple, traced: bool | str) -> None:
-        """begin's state, for the one meter's scope that a plain run
-        opened, as begin opens it (plain_run.py): the tracer held where
+    def adopt(self, meter, t0: float, collections: tuple, traced: bool | str) -> None:
+        """begin's state, for the meter of its one device that a plain run
+        began (plain_run.py), as begin begins it: the tracer held where
         traced is True, else traced is why it could not run."""
         self._t0, self._collections = t0, collections
-        (meter,) = self.meters.values()
-        meter.scope_id = scope_id
+        self.meters[meter.device] = meter
         if self.trace:
             if traced is True:
                 self._tracing, self._traced_once = 1, True

@@ -29,12 +29,9 @@ import gc
 import os
 import time
 
-from .. import _engine as engine
 from ..children.gathering import StartupHookMissing
 from ..devices import CPU
-from ..engine.backend import BRIDGE
-from ..engine.meters import DeviceFigures, leave_out_kept, peak_without_kept
-from ..engine.slots import SLOT_CPU
+from ..engine.meters import DeviceFigures, EngineMeter, leave_out_kept, peak_without_kept
 from ..engine.tracing import tracing
 from ..markers import UNMARKED, UNMARKED_SPECS
 from ..reports.results import DeviceResult, TestResult
@@ -42,23 +39,31 @@ from ..reports.results import DeviceResult, TestResult
 PLAIN_SPECS = UNMARKED_SPECS   # markers' one tuple of every unmarked test's specs
 
 
-def plain_runs_allowed() -> bool:
-    return os.environ.get("MEMLAB_PLAIN_RUNS", "on").strip().lower() not in ("off", "0", "no")
+def plain_runs_possible(core, options, session) -> bool:
+    """Whether a session's unmarked tests may run plain (asked once, at its
+    first measured test: core is the backend chosen then)."""
+    from ..devices import BRIDGE, cuda_available
+    from ..engine.tracing import WINDOWED
+
+    return (not WINDOWED and core.name == BRIDGE and not cuda_available(core)
+            and session.baseline is None and session.ranks is None
+            and not options.detail and not options.kinds_kept and not options.top_lines
+            and options.snapshot is None and not options.leak_repeat and not options.pack
+            and os.environ.get("MEMLAB_PLAIN_RUNS", "on").strip().lower() not in ("off", "0", "no"))
 
 
 class PlainRun:
     """One run of a plain test's protocol (see the module's text)."""
 
-    __slots__ = ("specs", "nodeid", "location", "item", "bridge", "scope", "t0", "collections", "traced",
-                 "cpu_failed", "armed", "watch", "children", "error", "user_failed", "figures", "phases")
+    __slots__ = ("specs", "nodeid", "location", "item", "meter", "t0", "collections", "traced",
+                 "cpu_failed", "armed", "watch", "children", "error", "user_failed", "figures", "done")
 
     def __init__(self, nodeid: str, location: tuple, item):
         self.specs = PLAIN_SPECS
         self.nodeid = nodeid
         self.location = location
         self.item = item
-        self.bridge = None
-        self.scope = 0
+        self.meter: EngineMeter | None = None
         self.t0 = 0.0
         self.collections = (0, 0)
         self.traced: bool | str = False   # True: the tracer is held; else why it could not run
@@ -68,8 +73,8 @@ class PlainRun:
         self.children: list | tuple = ()
         self.error = ""
         self.user_failed = False
-        self.figures: DeviceFigures | None = None   # once it ended plain
-        self.phases: dict = {}
+        self.figures: DeviceFigures | None = None   # once it ended plain (None: lost, and error says so)
+        self.done = False                            # it ended plain
 
     def begin(self, core, session) -> bool:
         """Measurement.begin's and TestRun.begin's steps for the CPU alone,
@@ -77,18 +82,17 @@ class PlainRun:
         be opened: the general run then tries, and says why."""
         if not session.backend:
             session.saw_backend(core)
-        bridge = self.bridge = core.bridge
+        meter = EngineMeter(core, CPU, False, True, False)
         self.t0 = time.perf_counter()
         self.collections = gc.get_count()[1:]
         try:
-            if bridge.cpu_allocator is None:   # given back at an earlier session's end
-                bridge.install_cpu_allocator()
-            self.scope = bridge.open_scope(SLOT_CPU, False, -1, -1, True, 0)
+            meter.begin()
         except Exception:
             return False
+        self.meter = meter
         tracing.reset_lines()
         self.traced = True if tracing.acquire(paths=True) else tracing.off_reason
-        self.cpu_failed = engine.failed(SLOT_CPU)[0]
+        self.cpu_failed = meter.failed_requests()[0]
         children = session.children
         if children is not None:
             try:
@@ -109,37 +113,36 @@ class PlainRun:
             except Exception as exc:
                 self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
             self.armed = None
-        scope = self.scope
-        if self.children or self.error or engine.live(SLOT_CPU, scope) \
-                or engine.failed(SLOT_CPU)[0] != self.cpu_failed:
+        meter = self.meter
+        if self.children or self.error or meter.live() or meter.failed_requests()[0] != self.cpu_failed:
             return False
-        raw = engine.kept(SLOT_CPU, scope)
+        raw = meter.kept_raw()
         if raw is not None and raw[1]:
             return False
         try:
-            s = self.bridge.close_scope(SLOT_CPU, scope, True)
+            figures = meter.end(True)
         except Exception as exc:
             self.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
-            s = None
+            figures = None
         try:
-            if self.traced is True:
-                self.traced = False
-                tracing.release(paths=True, park=True)
+            self._release()
         except Exception as exc:  # a scope decision raised: say so
             self.error = self.error or f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
-        if s is None:
+        self.done = True
+        if figures is None:
             return True
-        figures = self.figures = DeviceFigures(
-            device=CPU, measured=True, backend=BRIDGE,
-            peak=s["peak"], peak_total=s["peak_total"], total_at_peak=s["total_at_peak"],
-            reserved_peak=s["reserved_peak"], start_total=s["start_total"], live=s["live"],
-            allocs=s["allocs"], frees=s["frees"], seq_at_peak=s["seq_at_peak"])
         kept = peak_without_kept(raw)
         if kept is not None:
             leave_out_kept(figures, kept)
         elif figures.peak is not None and figures.live == 0:
             figures.peak_with_kept, figures.kept = figures.peak, 0
+        self.figures = figures
         return True
+
+    def _release(self) -> None:
+        if self.traced is True:
+            self.traced = False
+            tracing.release(paths=True, park=True)
 
     def abandon(self) -> None:
         """Closes what begin opened (the general run could not take it over)."""
@@ -147,11 +150,9 @@ class PlainRun:
             if self.armed is not None:
                 self.watch.disarm(self.armed)
                 self.armed = None
-            self.bridge.close_scope(SLOT_CPU, self.scope, True)
+            self.meter.end(True)
         finally:
-            if self.traced is True:
-                self.traced = False
-                tracing.release(paths=True, park=True)
+            self._release()
 
     def result(self, top: int) -> TestResult:
         """TestRun.result's for this run: its one device's figures."""

@@ -114,7 +114,7 @@ class TestRun:
         run = cls(plain.specs, nodeid=plain.nodeid, location=plain.location, item=plain.item)
         try:
             measurement = run._prepare(core, options, session)
-            measurement.adopt(plain.scope, plain.t0, plain.collections, plain.traced)
+            measurement.adopt(plain.meter, plain.t0, plain.collections, plain.traced)
         except Exception as exc:   # memlab's trouble, never the test's: it ends unmeasured
             plain.abandon()
             run.error = f"{type(exc).__name__}: {exc}"
