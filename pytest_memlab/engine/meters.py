@@ -240,6 +240,20 @@ class EngineMeter:
         entries: past them they are counted)."""
         engine.alloc_log_start(self.slot, self.scope_id, entries)
 
+    def end_if_nothing_left(self, failed: int, park: bool = False) -> tuple | None:
+        """end's figures, without where the peak came from, where the
+        scope's blocks are all freed and the device's count of failed
+        requests is still failed (a plain run's end: plain_run.py), with
+        kept_raw's answer; else None, the scope still open.  One call for
+        all that a plain test's end asks of the engine."""
+        slot, scope = self.slot, self.scope_id
+        if engine.live(slot, scope) or engine.failed(slot)[0] != failed:
+            return None
+        raw = engine.kept(slot, scope)
+        if raw is not None and raw[1]:
+            return None
+        return self._figures(self.core.bridge.close_scope(slot, scope, park)), raw
+
     def end(self, park: bool = False) -> DeviceFigures:
         s = self.core.bridge.close_scope(self.slot, self.scope_id, park)
         figures = self._figures(s)

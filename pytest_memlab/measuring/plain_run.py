@@ -73,7 +73,7 @@ class PlainRun:
         self.children: list | tuple = ()
         self.error = ""
         self.user_failed = False
-        self.figures: DeviceFigures | None = None   # once it ended plain (None: lost, and error says so)
+        self.figures: DeviceFigures | None = None   # once it ended plain
         self.done = False                            # it ended plain
 
     def begin(self, core, session) -> bool:
@@ -113,24 +113,21 @@ class PlainRun:
             except Exception as exc:
                 self.error = f"its child processes' figures were lost: {type(exc).__name__}: {exc}"
             self.armed = None
-        meter = self.meter
-        if self.children or self.error or meter.live() or meter.failed_requests()[0] != self.cpu_failed:
-            return False
-        raw = meter.kept_raw()
-        if raw is not None and raw[1]:
+        if self.children or self.error:
             return False
         try:
-            figures = meter.end(True)
-        except Exception as exc:
+            ended = self.meter.end_if_nothing_left(self.cpu_failed, park=True)
+        except Exception as exc:   # the general run's end goes on, as its own would
             self.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
-            figures = None
+            return False
+        if ended is None:
+            return False
+        figures, raw = ended
         try:
             self._release()
         except Exception as exc:  # a scope decision raised: say so
             self.error = self.error or f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
         self.done = True
-        if figures is None:
-            return True
         kept = peak_without_kept(raw)
         if kept is not None:
             leave_out_kept(figures, kept)
