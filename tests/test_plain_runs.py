@@ -9,9 +9,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import requires_torch
+from conftest import has_cuda, requires_torch
 
-pytestmark = requires_torch
+pytestmark = [requires_torch,
+              pytest.mark.skipif(has_cuda(), reason="this machine has CUDA: unmarked tests measure it, never plain")]
 
 # Counts the runs that ended plain (printed at the end): the comparison
 # below would hold trivially if none did.
