@@ -192,11 +192,18 @@ class MemlabPlugin:
             # window (nothing is counted for it: the teardown's window is
             # 3.11's); kornia's tests set up about nine a test
             return (yield)
+        pytests_own = fixturedef.scope == "function" and getattr(fixturedef.func, "__module__",
+                                                                  "").startswith("_pytest.")
         running = self._running
-        if running is not None and running[1].__class__ is PlainRun:
-            self.running(running[0])   # a broader fixture is measured apart: the general run does it
-        if self.current is None or (fixturedef.scope == "function"
-                                    and getattr(fixturedef.func, "__module__", "").startswith("_pytest.")):
+        if running is not None and running[1].__class__ is PlainRun and not pytests_own:
+            if fixturedef.scope != "function":
+                self.running(running[0])   # a broader fixture is measured apart: the general run does it
+            else:   # before 3.12: the plain run's own window, as the general run's below
+                plain = running[1]
+                plain.fixtures += request.node is running[0]
+                with plain.window():
+                    return (yield)
+        if self.current is None or pytests_own:
             # pytest's own function fixtures, a parametrized argument's
             # value above all (kornia's tests set up four or five a test),
             # run no user code: no bracket, no trace window
@@ -234,10 +241,14 @@ class MemlabPlugin:
                 return (yield)
         try:
             if plain is not None:
-                result = yield
+                if plain.fixtures:   # (before 3.12) only fixture finalizers run user code here
+                    with plain.window():
+                        result = yield
+                else:
+                    result = yield
                 if plain.end():   # else it left something, or a child wrote: the general run ends it
-                    if plain.traced not in (True, False):   # why the tracer could not run
-                        self.session.trace_notes.add(plain.traced)
+                    if plain.trace_note:
+                        self.session.trace_notes.add(plain.trace_note)
                     plain = None
                 return result
             if run.fixtures:  # only fixture finalizers run user code here
@@ -398,6 +409,10 @@ class CallWindow:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
         manager = self.manager
+        current = manager._running
+        if current is not None and current[0] is pyfuncitem and current[1].__class__ is PlainRun:
+            with current[1].window():
+                return (yield)
         run = manager.running(pyfuncitem)
         if run is None or run.measurement is None or run.repeating:
             return (yield)

@@ -47,7 +47,45 @@ def _collections() -> tuple[int, int]:
     return gc.get_count()[1:]
 
 
-class Measurement:
+class TraceWindows:
+    """The tracer held through a test's windows (where user code may run):
+    counted, so that nested windows hold it once; the last to close lets
+    it go (parked where park).  Before 3.12 each window turns it on and
+    off; from 3.12 one window spans the whole measurement.  Its user has
+    trace (whether to trace at all), final (None while it measures), park,
+    _tracing (windows open), _traced_once and trace_note (why the tracer
+    could not run)."""
+
+    __slots__ = ()
+
+    def _trace_on(self) -> None:
+        if self._tracing == 0:
+            if not tracing.acquire(paths=True):
+                self.trace_note = tracing.off_reason
+                return
+            self._traced_once = True
+        self._tracing += 1
+
+    def _trace_off(self) -> None:
+        if self._tracing > 0:
+            self._tracing -= 1
+            if self._tracing == 0:
+                tracing.release(paths=True, park=self.park)
+
+    def _trace_end(self) -> None:
+        """Every window closed at once: _trace_off's last step."""
+        if self._tracing:
+            self._tracing = 0
+            tracing.release(paths=True, park=self.park)
+
+    def window(self) -> "TraceWindow | contextlib.nullcontext":
+        """A region where user code may run (fixture setup, the test call,
+        teardown): traced on Pythons where tracing costs every frame; from
+        3.12 on one shared no-op (about ten are opened a test)."""
+        return TraceWindow(self) if WINDOWED else _NO_WINDOW
+
+
+class Measurement(TraceWindows):
     """The running test's measurement: the ``memlab`` fixture.
 
     ``peak``, ``live``, ``total`` and ``peak_total`` speak of the test's
@@ -126,37 +164,15 @@ class Measurement:
             if not WINDOWED:
                 self._trace_on()
 
-    def adopt(self, meter, t0: float, collections: tuple, traced: bool | str) -> None:
+    def adopt(self, meter, t0: float, collections: tuple, windows: TraceWindows) -> None:
         """begin's state, for the meter of its one device that a plain run
-        began (plain_run.py), as begin begins it: the tracer held where
-        traced is True, else traced is why it could not run."""
+        began (plain_run.py), as begin begins it, and the windows it holds
+        open now (they close through this measurement from here on)."""
         self._t0, self._collections = t0, collections
         self.meters[meter.device] = meter
         if self.trace:
-            if traced is True:
-                self._tracing, self._traced_once = 1, True
-            else:
-                self.trace_note = traced
-
-    def _trace_on(self) -> None:
-        if self._tracing == 0:
-            if not tracing.acquire(paths=True):
-                self.trace_note = tracing.off_reason
-                return
-            self._traced_once = True
-        self._tracing += 1
-
-    def _trace_off(self) -> None:
-        if self._tracing > 0:
-            self._tracing -= 1
-            if self._tracing == 0:
-                tracing.release(paths=True, park=self.park)
-
-    def window(self) -> "TraceWindow | contextlib.nullcontext":
-        """A region where user code may run (fixture setup, the test call,
-        teardown): traced on Pythons where tracing costs every frame; from
-        3.12 on one shared no-op (about ten are opened a test)."""
-        return TraceWindow(self) if WINDOWED else _NO_WINDOW
+            self._tracing, self._traced_once = windows._tracing, windows._traced_once
+            self.trace_note = windows.trace_note
 
     def end(self) -> dict[str, DeviceFigures]:
         figures: dict[str, DeviceFigures] = {}
@@ -169,9 +185,7 @@ class Measurement:
                 error = error or exc
                 figures[device] = DeviceFigures(device, False, reason=f"measurement failed: {exc}")
         try:
-            if self._tracing:   # every window closed at once: _trace_off's last step
-                self._tracing = 0
-                tracing.release(paths=True, park=self.park)
+            self._trace_end()
         except Exception as exc:  # a scope decision raised: say so
             error = error or exc
         for device, meter in meters.items():
@@ -408,7 +422,7 @@ _NO_WINDOW = contextlib.nullcontext()
 
 
 class TraceWindow:
-    def __init__(self, measurement: Measurement):
+    def __init__(self, measurement: TraceWindows):
         self.measurement = measurement
 
     def __enter__(self):

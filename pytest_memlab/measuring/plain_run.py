@@ -4,15 +4,16 @@ CUDA, measured with the fewest steps that its figures need.
 An unmarked test (``--memlab``) measured on the CPU alone, in a session
 where nothing reads more of it than its figures (no baseline, no JSON or
 HTML report, no terminal table, no snapshot, no repetitions, no packing,
-no ranks) and on Python 3.12+ (whose tracer needs no windows), runs plain:
-its engine scope, the tracer and the children's arming are opened as
-:meth:`.run.TestRun.begin` opens them, without the objects that the
-general path builds around them.  A test that turns out to need more (the
+no ranks), runs plain: its engine scope, the tracer's windows and the
+children's arming are opened as :meth:`.run.TestRun.begin` and the
+measurement open them, without the objects that the general path builds
+around them.  A test that turns out to need more (the
 ``memlab`` fixture, a broader fixture measured apart, a failure, anything
 left allocated after teardown, a child process's figures, a failed CPU
 request) becomes a :class:`.run.TestRun` at that moment
 (:meth:`~.run.TestRun.adopt`), which takes the open scope over as it is,
-so that from there on everything is the general path's.
+so that from there on everything is the general path's (a window open
+then closes through the measurement that took it over).
 
 Each step of a measured test costs about a microsecond in place on a large
 heap (pytest's own work between tests leaves memlab's code and data out of
@@ -32,9 +33,10 @@ import time
 from ..children.gathering import StartupHookMissing
 from ..devices import CPU
 from ..engine.meters import DeviceFigures, EngineMeter, leave_out_kept, peak_without_kept
-from ..engine.tracing import tracing
+from ..engine.tracing import WINDOWED, tracing
 from ..markers import UNMARKED, UNMARKED_SPECS
 from ..reports.results import DeviceResult, TestResult
+from .measurement import TraceWindows
 
 PLAIN_SPECS = UNMARKED_SPECS   # markers' one tuple of every unmarked test's specs
 
@@ -43,20 +45,21 @@ def plain_runs_possible(core, options, session) -> bool:
     """Whether a session's unmarked tests may run plain (asked once, at its
     first measured test: core is the backend chosen then)."""
     from ..devices import BRIDGE, cuda_available
-    from ..engine.tracing import WINDOWED
 
-    return (not WINDOWED and core.name == BRIDGE and not cuda_available(core)
+    return (core.name == BRIDGE and not cuda_available(core)
             and session.baseline is None and session.ranks is None
             and not options.detail and not options.kinds_kept and not options.top_lines
             and options.snapshot is None and not options.leak_repeat and not options.pack
             and os.environ.get("MEMLAB_PLAIN_RUNS", "on").strip().lower() not in ("off", "0", "no"))
 
 
-class PlainRun:
+class PlainRun(TraceWindows):
     """One run of a plain test's protocol (see the module's text)."""
 
-    __slots__ = ("specs", "nodeid", "location", "item", "meter", "t0", "collections", "traced",
-                 "cpu_failed", "armed", "watch", "children", "error", "user_failed", "figures", "done")
+    __slots__ = ("specs", "nodeid", "location", "item", "meter", "t0", "collections", "cpu_failed", "armed",
+                 "watch", "children", "error", "user_failed", "figures", "done", "fixtures", "adopted",
+                 "trace", "final", "park", "_tracing", "_traced_once", "trace_note")
+    # (trace, final and park: TraceWindows' words for a measurement that traces, measures and parks)
 
     def __init__(self, nodeid: str, location: tuple, item):
         self.specs = PLAIN_SPECS
@@ -66,7 +69,12 @@ class PlainRun:
         self.meter: EngineMeter | None = None
         self.t0 = 0.0
         self.collections = (0, 0)
-        self.traced: bool | str = False   # True: the tracer is held; else why it could not run
+        self.trace, self.final, self.park = True, None, True
+        self._tracing = 0                 # windows open (from 3.12: one, the whole run)
+        self._traced_once = False
+        self.trace_note = ""              # why the tracer could not run
+        self.fixtures = 0                 # the test's own fixtures set up (their teardown is a window)
+        self.adopted = None               # the Measurement that took it over
         self.cpu_failed = 0
         self.armed: tuple | None = None
         self.watch = None
@@ -91,7 +99,8 @@ class PlainRun:
             return False
         self.meter = meter
         tracing.reset_lines()
-        self.traced = True if tracing.acquire(paths=True) else tracing.off_reason
+        if not WINDOWED:
+            self._trace_on()
         self.cpu_failed = meter.failed_requests()[0]
         children = session.children
         if children is not None:
@@ -124,7 +133,7 @@ class PlainRun:
             return False
         figures, raw = ended
         try:
-            self._release()
+            self._trace_end()
         except Exception as exc:  # a scope decision raised: say so
             self.error = self.error or f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
         self.done = True
@@ -136,10 +145,15 @@ class PlainRun:
         self.figures = figures
         return True
 
-    def _release(self) -> None:
-        if self.traced is True:
-            self.traced = False
-            tracing.release(paths=True, park=True)
+    def _trace_on(self) -> None:
+        if self.adopted is not None:   # a window opened before the run became general
+            return self.adopted._trace_on()
+        TraceWindows._trace_on(self)
+
+    def _trace_off(self) -> None:
+        if self.adopted is not None:   # a window opened before, closing after
+            return self.adopted._trace_off()
+        TraceWindows._trace_off(self)
 
     def abandon(self) -> None:
         """Closes what begin opened (the general run could not take it over)."""
@@ -149,7 +163,7 @@ class PlainRun:
                 self.armed = None
             self.meter.end(True)
         finally:
-            self._release()
+            self._trace_end()
 
     def result(self, top: int) -> TestResult:
         """TestRun.result's for this run: its one device's figures."""

@@ -114,7 +114,8 @@ class TestRun:
         run = cls(plain.specs, nodeid=plain.nodeid, location=plain.location, item=plain.item)
         try:
             measurement = run._prepare(core, options, session)
-            measurement.adopt(plain.meter, plain.t0, plain.collections, plain.traced)
+            measurement.adopt(plain.meter, plain.t0, plain.collections, plain)
+            plain.adopted = measurement
         except Exception as exc:   # memlab's trouble, never the test's: it ends unmeasured
             plain.abandon()
             run.error = f"{type(exc).__name__}: {exc}"
@@ -123,6 +124,7 @@ class TestRun:
         run._follow_kinds(measurement, options)
         # (plain's end disarms first, as end does: what it heard is kept)
         run.armed, run.watch, run.children, run.error = plain.armed, plain.watch, plain.children, plain.error
+        run.fixtures = plain.fixtures
         run.measurement = measurement
         return run
 
