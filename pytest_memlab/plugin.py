@@ -301,7 +301,7 @@ class MemlabPlugin:
         run = current[1]
         result = None
         if run.__class__ is PlainRun:
-            if run.done:   # it ended plain
+            if run.figures is not None:   # it ended plain
                 if report.outcome == "failed":
                     run.user_failed = True
                 result = run.result(self.options.top)

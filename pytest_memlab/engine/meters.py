@@ -140,6 +140,16 @@ def leave_out_kept(figures: DeviceFigures, kept: Kept) -> None:
             [(site, size) for _, size, seq, site in kept.blocks if seq <= taken], kept.site, same_moment)
 
 
+def figures_without_kept(figures: DeviceFigures, kept: Kept | None) -> None:
+    """A closed scope's figures of record: without what it kept where the
+    engine followed it (kept), else, where nothing is left, its peak is
+    the peak with it and it kept nothing."""
+    if kept is not None:
+        leave_out_kept(figures, kept)
+    elif figures.measured and figures.peak is not None and figures.live == 0:
+        figures.peak_with_kept, figures.kept = figures.peak, 0
+
+
 class EngineMeter:
     """One scope of the C engine on one device."""
 

@@ -32,7 +32,7 @@ import time
 
 from ..children.gathering import StartupHookMissing
 from ..devices import CPU
-from ..engine.meters import DeviceFigures, EngineMeter, leave_out_kept, peak_without_kept
+from ..engine.meters import DeviceFigures, EngineMeter, figures_without_kept, peak_without_kept
 from ..engine.tracing import WINDOWED, tracing
 from ..markers import UNMARKED, UNMARKED_SPECS
 from ..reports.results import DeviceResult, TestResult
@@ -60,7 +60,7 @@ class PlainRun(TraceWindows):
     """One run of a plain test's protocol (see the module's text)."""
 
     __slots__ = ("specs", "nodeid", "location", "item", "meter", "t0", "collections", "cpu_failed", "armed",
-                 "watch", "children", "error", "user_failed", "figures", "done", "fixtures", "adopted",
+                 "watch", "children", "error", "user_failed", "figures", "fixtures", "adopted",
                  "trace", "final", "park", "_tracing", "_traced_once", "trace_note")
     # (trace, final and park: TraceWindows' words for a measurement that traces, measures and parks)
 
@@ -85,7 +85,6 @@ class PlainRun(TraceWindows):
         self.error = ""
         self.user_failed = False
         self.figures: DeviceFigures | None = None   # once it ended plain
-        self.done = False                            # it ended plain
 
     def begin(self, core, session) -> bool:
         """Measurement.begin's and TestRun.begin's steps for the CPU alone,
@@ -139,12 +138,7 @@ class PlainRun(TraceWindows):
             self._trace_end()
         except Exception as exc:  # a scope decision raised: say so
             self.error = self.error or f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
-        self.done = True
-        kept = peak_without_kept(raw)
-        if kept is not None:
-            leave_out_kept(figures, kept)
-        elif figures.peak is not None and figures.live == 0:
-            figures.peak_with_kept, figures.kept = figures.peak, 0
+        figures_without_kept(figures, peak_without_kept(raw))
         self.figures = figures
         return True
 

@@ -19,7 +19,7 @@ from ..children.gathering import ChildWatch, StartupHookMissing
 from ..devices import CPU, default_device, machine_gpu, other_gpus
 from ..engine.backend import BRIDGE, MemlabCoreError
 from ..engine.tracing import tracing
-from ..engine.meters import EngineMeter, leave_out_kept, make_meter, peak_without_kept
+from ..engine.meters import EngineMeter, figures_without_kept, leave_out_kept, make_meter, peak_without_kept
 from ..judging.messages import leak_report
 from ..markers import UNMARKED
 from ..reports.results import DeviceResult, TestResult
@@ -386,10 +386,7 @@ class TestRun:
             self.figures = measurement.final or {}
             self.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
         for device, figures in self.figures.items():
-            if device in kept:
-                leave_out_kept(figures, kept[device])
-            elif figures.measured and figures.peak is not None and figures.live == 0:
-                figures.peak_with_kept, figures.kept = figures.peak, 0
+            figures_without_kept(figures, kept.get(device))
         if walk is not None and walk.started:
             try:
                 self._kinds(walk, kept)
