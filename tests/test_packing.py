@@ -592,7 +592,9 @@ def test_short_tests_are_told_that_n_did_not_pay(inner):
     assert len(starts) == 4, result.stderr.str()[-3000:]
     line = next(x for x in result.stdout.lines if "-n did not pay here" in x)
     start, run, own = map(float, re.findall(r"\(([\d.]+) s\)", line))
-    assert start > 0.2 and start + run >= own, line
+    # (a worker's start is a Python process starting pytest: never 50 ms
+    # here; 0.2 s was this VM's figure on a fast day, and the test failed)
+    assert start > 0.05 and start + run >= own, line
     assert line.endswith("run these tests without -n"), line
 
 

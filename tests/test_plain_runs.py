@@ -4,7 +4,6 @@ Every test's outcome, junit figures, warnings and summary are those of the
 general path (``MEMLAB_PLAIN_RUNS=off``), test for test."""
 
 import re
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -174,11 +173,8 @@ def pytest_collection_modifyitems(items):
     assert sum(len(props) for _, props in plain_junit.values()) >= 2 * 14
     assert _memlab_section(plain.stdout.str()) == _memlab_section(general.stdout.str())
     ended = plain.stdout.str().split("plain ends: ")[1].split("\n")[0]
-    if sys.version_info >= (3, 12):
-        # the tests that needed nothing more ended plain; the others became general runs
-        again = "test_last" if order == "forward" else "test_first"   # the warm-up that ran second
-        assert ended.split(": ")[1].split() == sorted(f"test_inner.py::{name}" for name in
-                                                      ("test_forward_backward", "test_plain", again)), ended
-    else:   # plain runs are 3.12's for now (plain_run.plain_runs_possible)
-        assert ended.startswith("0:"), ended
+    # the tests that needed nothing more ended plain; the others became general runs
+    again = "test_last" if order == "forward" else "test_first"   # the warm-up that ran second
+    assert ended.split(": ")[1].split() == sorted(f"test_inner.py::{name}" for name in
+                                                  ("test_forward_backward", "test_plain", again)), ended
     assert general.stdout.str().split("plain ends: ")[1].startswith("0:")

@@ -46,10 +46,7 @@ def plain_runs_possible(core, options, session) -> bool:
     first measured test: core is the backend chosen then)."""
     from ..devices import BRIDGE, cuda_available
 
-    # Not before 3.12 for now: there every user fixture and the call open
-    # and close the tracer, and kornia's suite read slower with plain runs
-    # than without (bench/RESULTS.md, the thirty-first session)
-    return (not WINDOWED and core.name == BRIDGE and not cuda_available(core)
+    return (core.name == BRIDGE and not cuda_available(core)
             and session.baseline is None and session.ranks is None
             and not options.detail and not options.kinds_kept and not options.top_lines
             and options.snapshot is None and not options.leak_repeat and not options.pack
