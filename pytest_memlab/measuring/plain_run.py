@@ -58,8 +58,10 @@ class PlainRun(TraceWindows):
 
     __slots__ = ("specs", "nodeid", "location", "item", "meter", "t0", "collections", "cpu_failed", "armed",
                  "watch", "children", "error", "user_failed", "figures", "fixtures", "adopted",
-                 "trace", "final", "park", "_tracing", "_traced_once", "trace_note")
-    # (trace, final and park: TraceWindows' words for a measurement that traces, measures and parks)
+                 "_tracing", "_traced_once", "trace_note")
+    # TraceWindows' words, the same for every plain run: it traces, measures
+    # until its end (final: never set) and parks the tracer
+    trace, final, park = True, None, True
 
     def __init__(self, nodeid: str, location: tuple, item):
         self.specs = PLAIN_SPECS
@@ -69,7 +71,6 @@ class PlainRun(TraceWindows):
         self.meter: EngineMeter | None = None
         self.t0 = 0.0
         self.collections = (0, 0)
-        self.trace, self.final, self.park = True, None, True
         self._tracing = 0                 # windows open (from 3.12: one, the whole run)
         self._traced_once = False
         self.trace_note = ""              # why the tracer could not run
