@@ -240,13 +240,16 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         # gc.get_objects() of a large heap costs about 60 ms)
         heap = heap_objects()
         tensors = _live_tensors(torch, device, grads, heap) if torch is not None else []
+    # A block's own storage starts at the block's address (each block is one
+    # allocation, one storage).  A storage that starts inside a block is a
+    # later allocation in memory the block's owner freed unheard (between
+    # tests) and the heap split: counting it would name another test's tensor
+    # as this one's leak (the watch hears a reuse of the address itself).
     for ptr, tensor in tensors:
         i = bisect.bisect_right(addrs, ptr) - 1
-        if i < 0:
+        if i < 0 or addrs[i] != ptr:
             continue
         addr, size, _, _ = starts[i]
-        if ptr >= addr + size:
-            continue
         same = found.get(ptr)
         if same is not None:
             same[1].append(tensor)
@@ -368,7 +371,7 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
         except Exception:   # no storage of its own
             return False
         i = bisect.bisect_right(addrs, ptr) - 1
-        if i < 0 or ptr >= starts[i][0] + starts[i][1]:
+        if i < 0 or addrs[i] != ptr:
             return False
         found[id(obj)] = (ptr, obj, link)
         left.discard(starts[i][0])

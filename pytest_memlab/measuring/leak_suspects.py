@@ -6,7 +6,7 @@ A test's bytes that only wait for the cyclic collector (autograd graphs in
 reference cycles, gradchecks) would cost a full collection over a large
 heap per test, 0.1 to 0.5 s each.  Kept as suspects, they cost a copy of
 their block list; at the end one scan of the live tensors and one holder
-search confirm them all.  A tensor still living in a suspect's block then is
+search confirm them all.  A tensor whose storage is a suspect's block then is
 a leak (or a cache: :mod:`pytest_memlab.judging` tells which) where a path
 from a module's globals holds it; where any is held otherwise, or by
 nothing found, the process is settled (a full collection) and they are
