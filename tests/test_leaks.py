@@ -967,3 +967,25 @@ def test_after():
     leaked = {t["nodeid"].split("::")[1]: [d.get("leaked") for d in t["devices"].values()] for t in report["tests"]}
     assert leaked["test_fixture"] == [0], out
     assert "MemlabLeakWarning" not in out, out
+
+
+def test_a_leaks_sites_of_equal_bytes_read_in_the_order_of_their_lines(inner):
+    """Sites (and tensors) that leaked as many bytes are listed by their
+    chains, not by their blocks' addresses, which change from run to run:
+    the same leak reads the same in every run."""
+    result = run(inner, """
+_HELD = []
+
+def upper():
+    return cpu_bytes(4 * KiB)     # the lower line number, allocated second
+
+def lower():
+    return cpu_bytes(4 * KiB)
+
+def test_leaks_two():
+    _HELD.append(lower())
+    _HELD.append(upper())
+""", "--memlab")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert out.index(" upper: return cpu_bytes") < out.index(" lower: return cpu_bytes"), out

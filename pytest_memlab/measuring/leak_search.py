@@ -317,9 +317,23 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         by_site[g][site].unowned += unowned
     del tensors, found, grads
     for leak, sites in zip(leaks, by_site):
-        leak.sites = sorted((s for s in sites.values() if s.bytes > 0), key=lambda s: -s.bytes)
-        leak.outside_sites = sorted((s for s in sites.values() if s.outside > 0), key=lambda s: -s.outside)
+        # Ties in the order of the chains and tensors, not of the blocks'
+        # addresses or the heap's walk, which change from run to run: the
+        # same leak reads the same in every run (and shows the same first few)
+        for site in sites.values():
+            site.tensors.sort(key=_tensor_order)
+        leak.sites = sorted((s for s in sites.values() if s.bytes > 0), key=lambda s: (-s.bytes, _chain_order(s)))
+        leak.outside_sites = sorted((s for s in sites.values() if s.outside > 0),
+                                    key=lambda s: (-s.outside, _chain_order(s)))
     return leaks
+
+
+def _chain_order(site) -> tuple:
+    return tuple((f.file, f.line, f.function) for f in site.chain)
+
+
+def _tensor_order(t) -> tuple:
+    return (-t.bytes, t.shape, t.dtype, t.holders, t.graph)
 
 
 def _held_from_modules(torch, device: str, starts: list, addrs: list,
