@@ -21,7 +21,6 @@ not the test's: the engine measured them in detached scopes.
 
 from __future__ import annotations
 
-import bisect
 import gc
 import os
 import sys
@@ -219,14 +218,19 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
             starts.append((addr, size, site, g))
         by_site.append(sites)
     starts.sort()
-    addrs = [b[0] for b in starts]
+    # A block's own storage starts at the block's address (each block is one
+    # allocation, one storage).  A storage that starts inside a block is a
+    # later allocation in memory the block's owner freed unheard (between
+    # tests) and the heap split: counting it would name another test's tensor
+    # as this one's leak (the watch hears a reuse of the address itself).
+    by_addr = {b[0]: b for b in starts}   # (of two at one address: the later suspect's, whose block is there now)
     owned: dict[int, int] = {}     # block addr -> bytes owned by tensors found
     # storage ptr -> (block, its tensors): a view holds its base from C++,
     # out of the collector's sight, so each tensor of a storage is searched
     # for, and the storage is held where any of them is
     found: dict[int, tuple] = {}
     grads: dict[int, object] = {}
-    quick = _held_from_modules(torch, device, starts, addrs, alive) if proof and torch is not None else None
+    quick = _held_from_modules(torch, device, starts, by_addr, alive) if proof and torch is not None else None
     if quick is not None:
         # every block is held by a tensor a module's globals reach: proven
         # held, each named by that path, without a walk of the heap
@@ -240,26 +244,21 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
         # gc.get_objects() of a large heap costs about 60 ms)
         heap = heap_objects()
         tensors = _live_tensors(torch, device, grads, heap) if torch is not None else []
-    # A block's own storage starts at the block's address (each block is one
-    # allocation, one storage).  A storage that starts inside a block is a
-    # later allocation in memory the block's owner freed unheard (between
-    # tests) and the heap split: counting it would name another test's tensor
-    # as this one's leak (the watch hears a reuse of the address itself).
     for ptr, tensor in tensors:
-        i = bisect.bisect_right(addrs, ptr) - 1
-        if i < 0 or addrs[i] != ptr:
+        block = by_addr.get(ptr)
+        if block is None:
             continue
-        addr, size, _, _ = starts[i]
         same = found.get(ptr)
         if same is not None:
             same[1].append(tensor)
             continue
-        found[ptr] = (starts[i], [tensor])
+        found[ptr] = (block, [tensor])
+        size = block[1]
         try:   # (the storage's Python object made only for a tensor in a block)
             nbytes = tensor.untyped_storage().nbytes()
         except Exception:
-            nbytes = addr + size - ptr
-        owned[addr] = owned.get(addr, 0) + min(nbytes, addr + size - ptr)
+            nbytes = size
+        owned[ptr] = owned.get(ptr, 0) + min(nbytes, size)
     deadline = (started or time.perf_counter()) + seconds
     released: dict[int, int] = {}   # block addr -> bytes of excused tensors
     if heap is not None:
@@ -283,7 +282,7 @@ def _find_many(core, device: str, groups: list, started: float | None, excused: 
     for ptr, ((addr, size, site, g), same) in found.items():
         tensor = next((t for t in same if named.get(id(t))), same[0])   # one the search named, where any
         entry = LeakedTensor(tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""), device,
-                             min(tensor.untyped_storage().nbytes(), addr + size - ptr),
+                             min(tensor.untyped_storage().nbytes(), size),
                              holders=named.get(id(tensor), []), requires_grad=bool(tensor.requires_grad))
         if not entry.holders and any(id(t) in excused for t in same):
             # pytest's own reference to a torn-down function fixture's value
@@ -336,10 +335,10 @@ def _tensor_order(t) -> tuple:
     return (-t.bytes, t.shape, t.dtype, t.holders, t.graph)
 
 
-def _held_from_modules(torch, device: str, starts: list, addrs: list,
+def _held_from_modules(torch, device: str, starts: list, by_addr: dict,
                        alive: frozenset | None = None) -> tuple[list, dict] | None:
-    """The tensors in the blocks starts (sorted (addr, size, ...), addrs
-    their addresses) that modules' globals reach through built-in
+    """The tensors in the blocks starts (sorted (addr, size, ...), by_addr
+    them by their addresses; a block's storage starts at it) that modules' globals reach through built-in
     containers (dict, list, tuple, deque, set, their exact types: no code
     of a subclass runs while they are read), breadth first, the smaller
     containers of a level first, MODULE_DEPTH deep and MODULE_VISITS
@@ -384,11 +383,10 @@ def _held_from_modules(torch, device: str, starts: list, addrs: list,
             ptr = storage_address(obj)
         except Exception:   # no storage of its own
             return False
-        i = bisect.bisect_right(addrs, ptr) - 1
-        if i < 0 or addrs[i] != ptr:
+        if ptr not in by_addr:
             return False
         found[id(obj)] = (ptr, obj, link)
-        left.discard(starts[i][0])
+        left.discard(ptr)
         return not left
 
     def done() -> tuple:
