@@ -53,6 +53,7 @@ Engine_new(void)
         return NULL;
     for (int i = 0; i < ENGINE_MAX_DEVICES; i++)
         atomic_init(&e->devices[i], NULL);
+    atomic_init(&e->slots_made, 0);
     atomic_init(&e->next_scope_id, 1);
     atomic_init(&e->recording, 0);
     atomic_init(&e->attribute, NULL);
@@ -129,8 +130,11 @@ Engine_device(Engine *self, int slot, int create)
     /* Devices are created from the API thread only (under the GIL), so no
      * two threads race to create the same slot. */
     d = Device_new(slot);
-    if (d != NULL)
+    if (d != NULL) {
         atomic_store(&self->devices[slot], d);
+        if (slot >= atomic_load(&self->slots_made))
+            atomic_store(&self->slots_made, slot + 1);
+    }
     return d;
 }
 
@@ -583,7 +587,8 @@ void
 Engine_set_phases(Engine *self, unsigned mask)
 {
     atomic_store(&self->phases, mask);
-    for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
+    int slots = Engine_slots(self);
+    for (int slot = 0; slot < slots; slot++) {
         Device *d = atomic_load_explicit(&self->devices[slot], memory_order_acquire);
         if (d == NULL)
             continue;
@@ -592,6 +597,12 @@ Engine_set_phases(Engine *self, unsigned mask)
         Kept_set_phases(&d->kept, mask, own);
         Spinlock_release(&d->lock);
     }
+}
+
+int
+Engine_slots(Engine *self)
+{
+    return atomic_load_explicit(&self->slots_made, memory_order_acquire);
 }
 
 int

@@ -94,6 +94,9 @@ typedef struct Device {
 
 typedef struct Engine {
     _Atomic(Device *) devices[ENGINE_MAX_DEVICES];
+    /* One past the highest slot made: the loops over every device stop
+     * there (most processes have the CPU's alone, of 65 slots). */
+    atomic_int slots_made;
     atomic_uint next_scope_id;
     Spinlock record_lock;
     /* The devices whose locks Engine_fork_prepare took (a device made
@@ -179,6 +182,8 @@ void Engine_unwatch(Engine *self, int slot);
 uint64_t Engine_seq(Engine *self, int slot);
 /* Like Engine_seq, for a device whose timeline runs now; -1 when none does. */
 int Engine_timeline_seq(Engine *self, int slot, uint64_t *seq);
+/* One past the highest slot that has a device: slots from there on have none. */
+int Engine_slots(Engine *self);
 /* The live blocks of open scope id in allocation order, each with the most
  * own bytes of its span (kept.h), and the span before the first (*head's
  * span_max, span_seq, span_site): *out is

@@ -418,6 +418,10 @@ static PyMethodDef engine_methods[] = {
     {"close", (PyCFunction)(void (*)(void))engine_close, METH_FASTCALL,
      "close(slot, scope_id) -> (figures, last): end() and undo open(); last "
      "when this was the thread's last install."},
+    {"close_plain", (PyCFunction)(void (*)(void))engine_close_plain, METH_FASTCALL,
+     "close_plain(slot, scope_id, failed) -> ((peak, peak_total, "
+     "reserved_peak, head), last) where the scope left nothing (no live "
+     "block, no new failed request, nothing kept), else None, still open."},
     {"totals", engine_totals, METH_VARARGS,
      "totals(slot) -> (total, reserved or None), or None if never used."},
     {"blocks", engine_blocks, METH_VARARGS,

@@ -379,7 +379,7 @@ engine_unwatch(PyObject *Py_UNUSED(module), PyObject *arg)
 /* A span's peak per phase, in the order of tracing.PHASE_NAMES:
  * ((max, site), ...), max -1 where the phase did not run; None where none
  * ran (most tests: a block's tuple costs no more than its own fields). */
-static PyObject *
+PyObject *
 phases_tuple(const KeptPhases *p)
 {
     if (p->max[PHASE_FORWARD] < 0 && p->max[PHASE_BACKWARD] < 0 && p->max[PHASE_STEP] < 0)

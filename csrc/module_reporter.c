@@ -150,6 +150,67 @@ engine_close(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
     return Py_BuildValue("(NO)", figures, last ? Py_True : Py_False);
 }
 
+/* close_plain(slot, scope_id, failed) -> ((peak, peak_total, reserved_peak,
+ * head), last) where the scope left nothing behind: none of its blocks
+ * live, the device's count of failed requests still failed, nothing kept
+ * (head: engine.kept's, or None where the device does not follow the
+ * scope); else None, the scope still open.  A plain test's end
+ * (measuring/plain_run.py): live(), failed(), kept() and close() in their
+ * order, in one call, building only the figures that its result keeps (no
+ * dict of every figure, no list of sites). */
+PyObject *
+engine_close_plain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n)
+{
+    char err[REPORTER_ERRLEN] = "";
+    int last = 0;
+    Scope s;
+    KeptBlock *blocks = NULL;
+    KeptBlock head;
+    uint32_t kept = 0;
+    uint64_t count;
+    int64_t size;
+    uint32_t site;
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "close_plain(slot, scope_id, failed)");
+        return NULL;
+    }
+    int slot = (int)PyLong_AsLong(args[0]);
+    unsigned long id = PyLong_AsUnsignedLong(args[1]);
+    unsigned long long failed = PyLong_AsUnsignedLongLong(args[2]);
+    if (PyErr_Occurred() || check_slot(slot) < 0)
+        return NULL;
+    if (id > UINT32_MAX || Engine_stats(M.engine, slot, (uint32_t)id, 0, &s) < 0)
+        return PyErr_Format(PyExc_ValueError, "scope %lu is not open on device slot %d", id, slot);
+    Scope_fini(&s);
+    if (s.live != 0)
+        Py_RETURN_NONE;
+    Engine_failed(M.engine, slot, &count, &size, &site);
+    if (count != failed)
+        Py_RETURN_NONE;
+    int followed = Engine_kept(M.engine, slot, (uint32_t)id, &blocks, &kept, &head) == 0;
+    free(blocks);
+    if (followed && kept != 0)
+        Py_RETURN_NONE;
+    int rc = Reporter_close_scope(&M.reporter, slot, (uint32_t)id, &s, &last, err, sizeof err);
+    if (rc < 0)
+        return reporter_error(rc, slot, id, err);
+    Scope_fini(&s);
+    if (raise_engine_error(slot) < 0)
+        return NULL;
+    PyObject *reserved = s.reserved_peak < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(s.reserved_peak);
+    PyObject *span = followed ? Py_BuildValue("(LKIN)", (long long)head.span_max,
+                                              (unsigned long long)head.span_seq, head.span_site,
+                                              phases_tuple(&head.phases))
+                              : Py_NewRef(Py_None);
+    if (reserved == NULL || span == NULL) {
+        Py_XDECREF(reserved);
+        Py_XDECREF(span);
+        return NULL;
+    }
+    return Py_BuildValue("((LLNN)O)", (long long)s.peak, (long long)s.peak_total, reserved, span,
+                         last ? Py_True : Py_False);
+}
+
 /* bridge_cuda_totals(index) -> (allocated, reserved), or None: the caller
  * asks torch.cuda then. */
 PyObject *

@@ -44,6 +44,8 @@ int slot_arg(PyObject *arg, int *slot);
 int raise_engine_error(int slot);
 /* A closed scope's figures as the dict the plugin reads (module_engine.c). */
 PyObject *closed_scope_to_dict(const Scope *s);
+/* A span's peak per phase as engine.kept gives it (module_engine.c). */
+PyObject *phases_tuple(const KeptPhases *p);
 
 /* module_engine.c */
 PyObject *engine_sink(PyObject *module, PyObject *args);
@@ -79,6 +81,7 @@ PyObject *bridge_depth(PyObject *module, PyObject *args);
 PyObject *bridge_step_aside(PyObject *module, PyObject *arg);
 PyObject *engine_open(PyObject *module, PyObject *const *args, Py_ssize_t n);
 PyObject *engine_close(PyObject *module, PyObject *const *args, Py_ssize_t n);
+PyObject *engine_close_plain(PyObject *module, PyObject *const *args, Py_ssize_t n);
 PyObject *bridge_cuda_totals(PyObject *module, PyObject *arg);
 
 #endif

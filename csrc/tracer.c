@@ -306,7 +306,7 @@ Tracer_phase_enter_read(ShadowStack *t, const CodeInfo *ci,
     PyObject *subject = read(where, ci->phase, 0);
     char label[PHASE_LABEL];
     PhaseLabel_format(label, sizeof label, ci->phase, ci->code, subject);
-    for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
+    for (int slot = 0, slots = Engine_slots(T.engine); slot < slots; slot++) {
         uint64_t seq;
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
             PhaseLog_add(&T.phases, ci->phase, slot, seq, label);
@@ -332,7 +332,7 @@ Tracer_phase_leave(ShadowStack *t, const CodeInfo *ci)
     if (--t->phase_depth[ci->phase] > 0)
         return;
     /* Its end too, so that a peak can be told to fall inside it. */
-    for (int slot = 0; slot < ENGINE_MAX_DEVICES; slot++) {
+    for (int slot = 0, slots = Engine_slots(T.engine); slot < slots; slot++) {
         uint64_t seq;
         if (Engine_timeline_seq(T.engine, slot, &seq) == 0)
             PhaseLog_add(&T.phases, -ci->phase, slot, seq, "");

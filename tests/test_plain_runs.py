@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import has_cuda, requires_torch
+from conftest import MiB, has_cuda, requires_torch
 
 pytestmark = [requires_torch,
               pytest.mark.skipif(has_cuda(), reason="this machine has CUDA: unmarked tests measure it, never plain")]
@@ -178,3 +178,48 @@ def pytest_collection_modifyitems(items):
     assert ended.split(": ")[1].split() == sorted(f"test_inner.py::{name}" for name in
                                                   ("test_forward_backward", "test_plain", again)), ended
     assert general.stdout.str().split("plain ends: ")[1].startswith("0:")
+
+
+def _scope(core):
+    from pytest_memlab.engine.meters import EngineMeter
+
+    meter = EngineMeter(core, "cpu", timeline=True)
+    meter.begin()
+    return meter, meter.failed_requests()[0]
+
+
+def test_a_plain_end_closes_a_scope_that_left_nothing_with_the_general_ends_figures(core):
+    import torch
+
+    hooks = core.bridge._hook_users
+    general, failed = _scope(core)
+    a = torch.ones(512, 512)          # 1 MiB
+    b = a * 2                         # 2 MiB at the peak
+    del a, b
+    figures = general.end()
+    plain, failed = _scope(core)
+    a = torch.ones(512, 512)
+    b = a * 2
+    del a, b
+    peak, peak_total, reserved_peak, head = plain.end_plain(failed)
+    assert (peak, peak_total, reserved_peak) == (figures.peak, figures.peak_total, figures.reserved_peak)
+    assert 2 * MiB <= peak < 2 * MiB + 1024   # (and the few bytes of the scalar 2)
+    assert head[0] == peak and head[3] is None   # the kept head: the peak, no phase ran
+    assert not core.bridge.installed() and core.bridge._hook_users == hooks
+
+
+def test_a_plain_end_leaves_a_scope_open_where_a_block_is_live_or_a_request_failed(core):
+    import torch
+
+    hooks = core.bridge._hook_users
+    meter, failed = _scope(core)
+    held = torch.ones(256, 256)       # 256 KiB still allocated
+    assert meter.end_plain(failed) is None
+    assert core.bridge.installed() and meter.live() == 256 * 1024   # still open: the general end reads it
+    del held
+    with pytest.raises(RuntimeError):
+        torch.empty(2**50, dtype=torch.uint8)   # a request the CPU allocator could not serve
+    assert meter.end_plain(failed) is None
+    assert meter.failed_requests()[0] == failed + 1
+    assert meter.end().peak == 256 * 1024
+    assert not core.bridge.installed() and core.bridge._hook_users == hooks

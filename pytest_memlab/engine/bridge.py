@@ -100,6 +100,12 @@ class Bridge:
         engine's ValueError then); returns the closed scope's figures."""
         return self._uninstalling(park, _engine.close, slot, scope)
 
+    def close_plain(self, slot: int, scope: int, failed: int, park: bool = False) -> tuple | None:
+        """close_scope where the scope left nothing behind (engine.close_plain):
+        (peak, peak_total, reserved_peak, kept head), else None, the scope
+        still open."""
+        return self._uninstalling(park, _engine.close_plain, slot, scope, failed)
+
     # Each engine entry that installs returns whether it was the thread's
     # first install (alone, or after its result); each that uninstalls,
     # whether it was the last: torch's profiler hooks follow those.

@@ -250,19 +250,14 @@ class EngineMeter:
         entries: past them they are counted)."""
         engine.alloc_log_start(self.slot, self.scope_id, entries)
 
-    def end_if_nothing_left(self, failed: int, park: bool = False) -> tuple | None:
-        """end's figures, without where the peak came from, where the
-        scope's blocks are all freed and the device's count of failed
-        requests is still failed (a plain run's end: plain_run.py), with
-        kept_raw's answer; else None, the scope still open.  One call for
-        all that a plain test's end asks of the engine."""
-        slot, scope = self.slot, self.scope_id
-        if engine.live(slot, scope) or engine.failed(slot)[0] != failed:
-            return None
-        raw = engine.kept(slot, scope)
-        if raw is not None and raw[1]:
-            return None
-        return self._figures(self.core.bridge.close_scope(slot, scope, park)), raw
+    def end_plain(self, failed: int, park: bool = False) -> tuple | None:
+        """end where the scope's blocks are all freed, the device's count
+        of failed requests is still failed and nothing is kept (a plain
+        run's end: plain_run.py): (peak, peak_total, reserved_peak, head),
+        head engine.kept's (None where the engine does not follow the
+        scope); else None, the scope still open.  One engine call for all
+        that a plain test's end asks of it."""
+        return self.core.bridge.close_plain(self.slot, self.scope_id, failed, park)
 
     def end(self, park: bool = False) -> DeviceFigures:
         s = self.core.bridge.close_scope(self.slot, self.scope_id, park)

@@ -32,9 +32,10 @@ import time
 
 from ..children.gathering import StartupHookMissing
 from ..devices import CPU
-from ..engine.meters import DeviceFigures, EngineMeter, figures_without_kept, peak_without_kept
+from ..engine.meters import EngineMeter
 from ..engine.tracing import WINDOWED, tracing
-from ..markers import UNMARKED, UNMARKED_SPECS
+from ..figures import PHASE_NAMES
+from ..markers import UNMARKED_SPECS
 from ..reports.results import DeviceResult, TestResult
 from .measurement import TraceWindows
 
@@ -82,7 +83,7 @@ class PlainRun(TraceWindows):
         self.children: list | tuple = ()
         self.error = ""
         self.user_failed = False
-        self.figures: DeviceFigures | None = None   # once it ended plain
+        self.figures: tuple | None = None   # once it ended plain: (peak, peak_total, reserved_peak, kept head)
 
     def begin(self, core, session) -> bool:
         """Measurement.begin's and TestRun.begin's steps for the CPU alone,
@@ -125,18 +126,16 @@ class PlainRun(TraceWindows):
         if self.children or self.error:
             return False
         try:
-            ended = self.meter.end_if_nothing_left(self.cpu_failed, park=True)
+            figures = self.meter.end_plain(self.cpu_failed, park=True)
         except Exception as exc:   # the general run's end goes on, as its own would
             self.error = f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
             return False
-        if ended is None:
+        if figures is None:
             return False
-        figures, raw = ended
         try:
             self._trace_end()
         except Exception as exc:  # a scope decision raised: say so
             self.error = self.error or f"lost part of this test's measurement: {type(exc).__name__}: {exc}"
-        figures_without_kept(figures, peak_without_kept(raw))
         self.figures = figures
         return True
 
@@ -161,14 +160,19 @@ class PlainRun(TraceWindows):
             self._trace_end()
 
     def result(self, top: int) -> TestResult:
-        """TestRun.result's for this run: its one device's figures."""
+        """TestRun.result's for this run: its one device's figures, as
+        DeviceResult.from_figures makes them of a scope that kept nothing
+        (its peak is the peak with what it kept; each phase's peak is the
+        kept head's; no lines: a plain run reads none)."""
         result = TestResult(self.nodeid, memlab_error=self.error, user_failed=self.user_failed)
         figures = self.figures
         if figures is not None:
-            d = result.devices[CPU] = DeviceResult.from_figures(figures, UNMARKED, top)
-            d.name = CPU
-            if figures.kept == 0:
-                d.first_use = 0
+            peak, peak_total, reserved_peak, head = figures
+            phases = head[3] if head is not None else None
+            result.devices[CPU] = DeviceResult(
+                CPU, True, "", peak=peak, peak_total=peak_total, reserved_peak=reserved_peak, leaked=0,
+                peak_with_kept=peak, kept=0, first_use=0, name=CPU,
+                phases={name: most for name, (most, _) in zip(PHASE_NAMES, phases) if most >= 0} if phases else {})
         return result
 
 
