@@ -7,10 +7,12 @@
  */
 #include "module_state.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine.h"
 #include "environ_buffer.h"
@@ -170,6 +172,30 @@ engine_environ_put(PyObject *Py_UNUSED(module), PyObject *args)
     if (EnvironBuffer_put(name, (size_t)name_len, value, (size_t)value_len) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
+}
+
+/* links(fd) -> the link count of the open file fd: fstat's st_nlink,
+ * without the stat_result that os.fstat builds (its times as floats and
+ * nanoseconds: most of the call).  The children's root is looked at after
+ * every measured test (children/gathering.py). */
+static PyObject *
+engine_links(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        errno = EBADF;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    struct stat st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fstat((int)fd, &st);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromUnsignedLongLong((unsigned long long)st.st_nlink);
 }
 
 /* referrers(objects, targets) -> the items of the list objects (the heap:
@@ -372,6 +398,8 @@ static PyMethodDef engine_methods[] = {
      "items_of_kinds(container, tensor, containers, limit) -> [(key, value, is_tensor)]: the items among "
      "the first limit of container whose value is a tensor (of a subtype of tensor) or of a type in the "
      "tuple containers, by the objects' own types; key: a dict's key, a set's None, else the index"},
+    {"links", engine_links, METH_O,
+     "links(fd) -> the link count of the open file fd (fstat's st_nlink)."},
     {"environ_put", engine_environ_put, METH_VARARGS,
      "environ_put(name, value) -> None: name=value (bytes) set in the process's environment without "
      "setenv, which keeps every distinct value for the life of the process (os.environ is not "

@@ -271,3 +271,21 @@ def test_tensor_objects_finds_every_tensor_and_subclass():
     picked = tensor_objects(torch)
     assert all(any(p is t for p in picked) for t in holder)
     assert all(isinstance(p, torch.Tensor) for p in picked)
+
+
+def test_links_is_fstats_link_count_and_a_bad_descriptor_an_os_error(tmp_path):
+    import os
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        assert E.links(fd) == os.fstat(fd).st_nlink
+        (tmp_path / "b").rmdir()
+        assert E.links(fd) == os.fstat(fd).st_nlink
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        E.links(fd)
+    with pytest.raises(OSError):
+        E.links(-1)

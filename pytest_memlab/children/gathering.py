@@ -192,7 +192,7 @@ class ChildWatch:
         # kernel keeps at hand)
         if self._links_count_folders:
             try:
-                links = os.fstat(_root_fd).st_nlink
+                links = environment.links(_root_fd)
             except OSError:
                 links = -1
             if links == 2:
