@@ -304,7 +304,7 @@ class MemlabPlugin:
             if run.figures is not None:   # it ended plain
                 if report.outcome == "failed":
                     run.user_failed = True
-                result = run.result(self.options.top)
+                result = run.result()
             elif report.outcome != "failed" and call.excinfo is None:
                 return report   # (a passing setup or call: the general run does nothing either)
             else:

@@ -94,6 +94,12 @@ class Kept:
     phases: dict = field(default_factory=dict)   # phase name -> (peak, site), as peak
 
 
+def head_phase_peaks(head_phases) -> dict:
+    """Each phase's peak before the first kept block, {name: (bytes,
+    site)}, from engine.kept's head phases (None: no phase ran)."""
+    return {name: (most, at) for name, (most, at) in zip(PHASE_NAMES, head_phases or ()) if most >= 0}
+
+
 def peak_without_kept(raw, transient=frozenset()) -> Kept | None:
     """The peak without the live blocks of raw (engine.kept's answer),
     except those at the addresses in transient (what pytest releases right
@@ -102,7 +108,7 @@ def peak_without_kept(raw, transient=frozenset()) -> Kept | None:
     if raw is None:
         return None
     (best, seq, site, head_phases), blocks = raw
-    phases = {name: (most, at) for name, (most, at) in zip(PHASE_NAMES, head_phases or ()) if most >= 0}
+    phases = head_phase_peaks(head_phases)
     cum = 0
     kept = []
     for addr, size, span_max, span_seq, alloc_seq, alloc_site, span_site, span_phases in blocks:

@@ -32,9 +32,9 @@ import time
 
 from ..children.gathering import StartupHookMissing
 from ..devices import CPU
-from ..engine.meters import EngineMeter
+from ..engine.meters import EngineMeter, head_phase_peaks
 from ..engine.tracing import WINDOWED, tracing
-from ..figures import PHASE_NAMES
+from ..figures import phase_bytes
 from ..markers import UNMARKED_SPECS
 from ..reports.results import DeviceResult, TestResult
 from .measurement import TraceWindows
@@ -159,7 +159,7 @@ class PlainRun(TraceWindows):
         finally:
             self._trace_end()
 
-    def result(self, top: int) -> TestResult:
+    def result(self) -> TestResult:
         """TestRun.result's for this run: its one device's figures, as
         DeviceResult.from_figures makes them of a scope that kept nothing
         (its peak is the peak with what it kept; each phase's peak is the
@@ -168,11 +168,10 @@ class PlainRun(TraceWindows):
         figures = self.figures
         if figures is not None:
             peak, peak_total, reserved_peak, head = figures
-            phases = head[3] if head is not None else None
             result.devices[CPU] = DeviceResult(
                 CPU, True, "", peak=peak, peak_total=peak_total, reserved_peak=reserved_peak, leaked=0,
                 peak_with_kept=peak, kept=0, first_use=0, name=CPU,
-                phases={name: most for name, (most, _) in zip(PHASE_NAMES, phases) if most >= 0} if phases else {})
+                phases=phase_bytes(head_phase_peaks(head[3])) if head is not None else {})
         return result
 
 
